@@ -1,0 +1,1 @@
+//! Empty library: the models live in `tests/` and compile only under `--cfg loom`.

@@ -1,0 +1,329 @@
+//! Per-thread caches: Bonwick's two magazines (loaded and previous), and the thread-local
+//! table that finds a thread's cache for an allocator.
+//!
+//! The loaded magazine is kept unpacked in the cache (slot array, count, capacity), so
+//! the fast paths are: find the cache, compare the count, move one pointer. The exchange
+//! rules, which run only when the loaded magazine is empty (alloc) or full (free), are in
+//! `#[cold]` functions in [`engine`](crate::engine).
+
+use std::cell::UnsafeCell as StdCell;
+use std::ptr::{self, NonNull};
+
+use crate::engine::Engine;
+use crate::magazine::{self, Magazine};
+use crate::sync::{self, Arc, StatCounter};
+
+/// One thread's cache for one allocator. Only its thread touches the magazine state;
+/// other threads read the counters (atomics) under the allocator's registry lock.
+#[derive(Debug)]
+pub(crate) struct ThreadCache {
+    /// Slot array of the loaded magazine (dangling when `cap == 0`).
+    slots: *mut *mut u8,
+    /// Objects in the loaded magazine.
+    len: usize,
+    /// Capacity of the loaded magazine; 0 when there is none, so both fast paths fall
+    /// through to the slow path.
+    cap: usize,
+    /// The loaded magazine's descriptor (its `len` is stale while it is loaded).
+    loaded: *const Magazine,
+    /// The previous magazine, or null; its descriptor's `len` is current.
+    previous: *const Magazine,
+    /// Allocations served to users through this cache (any path).
+    pub(crate) allocs: StatCounter,
+    /// Frees received from users through this cache (any path).
+    pub(crate) frees: StatCounter,
+    /// True for a stand-in cache used after thread-local teardown: its slow paths go
+    /// straight to the backing allocator and it never holds magazines.
+    pub(crate) detached: bool,
+    /// Live [`Pin`]s: while non-zero the cache must not be freed.
+    pins: usize,
+}
+
+impl ThreadCache {
+    pub(crate) const fn new(detached: bool) -> Self {
+        ThreadCache {
+            slots: ptr::null_mut(),
+            len: 0,
+            cap: 0,
+            loaded: ptr::null(),
+            previous: ptr::null(),
+            allocs: StatCounter::new(),
+            frees: StatCounter::new(),
+            detached,
+            pins: 0,
+        }
+    }
+
+    /// Whether a [`Pin`] holds this cache.
+    pub(crate) fn pinned(&self) -> bool {
+        self.pins > 0
+    }
+
+    /// Fast path: pops the loaded magazine.
+    #[inline(always)]
+    pub(crate) fn pop(&mut self) -> Option<NonNull<u8>> {
+        if self.len == 0 {
+            return None;
+        }
+        self.len -= 1;
+        self.allocs.bump(1);
+        // SAFETY: `slots[..len + 1]` are valid objects of the loaded magazine.
+        Some(unsafe { magazine::slot(self.slots, self.len) })
+    }
+
+    /// Fast path: pushes onto the loaded magazine; false when it is full.
+    #[inline(always)]
+    pub(crate) fn push(&mut self, object: NonNull<u8>) -> bool {
+        if self.len == self.cap {
+            return false;
+        }
+        // SAFETY: `len < cap`, inside the loaded magazine's slot array.
+        unsafe { *self.slots.add(self.len) = object.as_ptr() };
+        self.len += 1;
+        self.frees.bump(1);
+        true
+    }
+
+    pub(crate) fn previous(&self) -> Option<&Magazine> {
+        // SAFETY: a non-null `previous` is a descriptor of the engine's table, which
+        // outlives every cache of the engine.
+        unsafe { self.previous.as_ref() }
+    }
+
+    /// Objects in the loaded magazine.
+    pub(crate) fn loaded_len(&self) -> usize {
+        self.len
+    }
+
+    /// Capacity of the loaded magazine (0 when none).
+    pub(crate) fn loaded_cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Removes the loaded magazine (writing its count back); the caller owns it.
+    pub(crate) fn unload(&mut self) -> Option<NonNull<Magazine>> {
+        let mag = NonNull::new(self.loaded.cast_mut())?;
+        let len = self.len;
+        // SAFETY: a non-null `loaded` is a live descriptor, owned by this cache.
+        unsafe { mag.as_ref().with_rounds(|r| r.len = len) };
+        self.loaded = ptr::null();
+        self.slots = ptr::null_mut();
+        self.len = 0;
+        self.cap = 0;
+        Some(mag)
+    }
+
+    /// Makes `mag` (owned by the caller, with slot storage) the loaded magazine. There
+    /// must be no loaded magazine.
+    pub(crate) fn load(&mut self, mag: &Magazine, capacity: usize) {
+        debug_assert!(self.loaded.is_null());
+        // SAFETY: the caller hands over ownership.
+        let (slots, len) = unsafe { mag.with_rounds(|r| (r.slots, r.len)) };
+        debug_assert!(!slots.is_null() && len <= capacity);
+        self.slots = slots;
+        self.len = len;
+        self.cap = capacity;
+        self.loaded = mag;
+    }
+
+    /// Removes the previous magazine; the caller owns it.
+    pub(crate) fn take_previous(&mut self) -> Option<NonNull<Magazine>> {
+        let mag = NonNull::new(self.previous.cast_mut());
+        self.previous = ptr::null();
+        mag
+    }
+
+    /// Makes `mag` (owned by the caller) the previous magazine. There must be none.
+    pub(crate) fn set_previous(&mut self, mag: Option<NonNull<Magazine>>) {
+        debug_assert!(self.previous.is_null());
+        self.previous = mag.map_or(ptr::null(), |m| m.as_ptr());
+    }
+
+    /// Swaps loaded and previous (either may be absent).
+    pub(crate) fn swap(&mut self, capacity: usize) {
+        let loaded = self.unload();
+        if let Some(prev) = self.take_previous() {
+            // SAFETY: the previous magazine is a live descriptor owned by this cache.
+            self.load(unsafe { prev.as_ref() }, capacity);
+        }
+        self.set_previous(loaded);
+    }
+}
+
+/// Keeps a thread's cache from being freed by `release_thread_cache` while a
+/// `LocalCache` points at it.
+pub(crate) struct Pin(*mut ThreadCache);
+
+impl Pin {
+    /// Pins `cache`, this thread's registered cache.
+    pub(crate) fn new(cache: *mut ThreadCache) -> Self {
+        // SAFETY: this thread's own cache, alive (it is registered) and not borrowed.
+        unsafe { (*cache).pins += 1 };
+        Pin(cache)
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        // SAFETY: a pinned cache is not freed until its thread exits, and this pin lives
+        // on that thread's stack.
+        unsafe { (*self.0).pins -= 1 };
+    }
+}
+
+/// One entry of a thread's cache table: the cache of the allocator instance that holds
+/// this table slot.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    instance: u64,
+    cache: *mut ThreadCache,
+}
+
+/// A thread's caches, indexed by the dense slot number of each allocator it has used.
+struct LocalCaches {
+    entries: StdCell<Vec<Entry>>,
+    /// The engine of each entry, kept alive so the thread-exit flush can reach it (or see
+    /// that its allocator is gone).
+    owners: StdCell<Vec<Option<Arc<Engine>>>>,
+}
+
+impl LocalCaches {
+    fn new() -> Self {
+        LocalCaches {
+            entries: StdCell::new(Vec::new()),
+            owners: StdCell::new(Vec::new()),
+        }
+    }
+}
+
+impl Drop for LocalCaches {
+    fn drop(&mut self) {
+        let owners = std::mem::take(self.owners.get_mut());
+        for (entry, owner) in self.entries.get_mut().iter().zip(owners) {
+            if let Some(engine) = owner {
+                // SAFETY: the cache was registered with this engine by this thread,
+                // which is exiting and will not use it again.
+                unsafe { engine.retire_cache(entry.cache) };
+            }
+        }
+    }
+}
+
+sync::thread_local! {
+    static LOCAL: LocalCaches = LocalCaches::new();
+}
+
+/// What [`lookup`] found.
+pub(crate) enum Lookup {
+    /// This thread's cache for the engine.
+    Cache(*mut ThreadCache),
+    /// This thread has no cache for the engine yet.
+    Unregistered,
+    /// Thread-local storage is being (or has been) torn down.
+    TornDown,
+}
+
+/// Finds this thread's cache for `engine`: one TLS access, a bounds check and a compare.
+#[inline(always)]
+pub(crate) fn lookup(slot: u32, instance: u64) -> Lookup {
+    LOCAL
+        .try_with(|local| {
+            // SAFETY: the table is touched only by this thread, and never re-entrantly
+            // while a reference into it is live.
+            let entries = unsafe { &*local.entries.get() };
+            match entries.get(slot as usize) {
+                Some(e) if e.instance == instance => Lookup::Cache(e.cache),
+                _ => Lookup::Unregistered,
+            }
+        })
+        .unwrap_or(Lookup::TornDown)
+}
+
+/// Installs `cache` as this thread's cache for `engine`; false if thread-local storage
+/// is gone (the caller then keeps ownership of `cache`).
+pub(crate) fn install(engine: &Arc<Engine>, cache: *mut ThreadCache) -> bool {
+    LOCAL
+        .try_with(|local| {
+            // SAFETY: this thread's table, no other reference into it is live.
+            let (entries, owners) = unsafe { (&mut *local.entries.get(), &mut *local.owners.get()) };
+            let slot = engine.slot() as usize;
+            if entries.len() <= slot {
+                let empty = Entry {
+                    instance: 0,
+                    cache: ptr::null_mut(),
+                };
+                entries.resize(slot + 1, empty);
+                owners.resize_with(slot + 1, || None);
+            }
+            // A previous owner of the slot was dropped (slots are reused only then), and
+            // its drop already freed this thread's cache for it.
+            entries[slot] = Entry {
+                instance: engine.instance(),
+                cache,
+            };
+            owners[slot] = Some(engine.clone());
+        })
+        .is_ok()
+}
+
+/// Removes this thread's cache for `engine` from the table and returns it.
+pub(crate) fn uninstall(engine: &Engine) -> Option<*mut ThreadCache> {
+    LOCAL
+        .try_with(|local| {
+            // SAFETY: this thread's table, no other reference into it is live.
+            let (entries, owners) = unsafe { (&mut *local.entries.get(), &mut *local.owners.get()) };
+            let slot = engine.slot() as usize;
+            match entries.get_mut(slot) {
+                Some(e) if e.instance == engine.instance() => {
+                    let cache = e.cache;
+                    e.instance = 0;
+                    e.cache = ptr::null_mut();
+                    // The engine is still referenced by its allocator (the caller holds
+                    // it), so this is not the last reference.
+                    owners[slot] = None;
+                    Some(cache)
+                }
+                _ => None,
+            }
+        })
+        .ok()
+        .flatten()
+}
+
+/// Dense slot numbers for allocators, reused after an allocator is dropped, and unique
+/// instance numbers that tell a slot's successive owners apart.
+pub(crate) mod slots {
+    use crate::sync::process::{AtomicU64, Mutex};
+    use crate::sync::Ordering;
+
+    struct SlotPool {
+        next: u32,
+        free: Vec<u32>,
+    }
+
+    static POOL: Mutex<SlotPool> = Mutex::new(SlotPool {
+        next: 0,
+        free: Vec::new(),
+    });
+    static INSTANCES: AtomicU64 = AtomicU64::new(1);
+
+    /// A free slot and a fresh instance number (never 0, which marks an empty entry).
+    pub(crate) fn claim() -> (u32, u64) {
+        let instance = INSTANCES.fetch_add(1, Ordering::Relaxed);
+        let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = match pool.free.pop() {
+            Some(s) => s,
+            None => {
+                pool.next = pool.next.checked_add(1).expect("too many live allocators");
+                pool.next - 1
+            }
+        };
+        (slot, instance)
+    }
+
+    /// Returns a slot for reuse.
+    pub(crate) fn release(slot: u32) {
+        let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+        pool.free.push(slot);
+    }
+}

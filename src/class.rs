@@ -1,0 +1,727 @@
+//! The typed front end: [`ClassAllocator<T>`], its owning handle [`Pooled`], and the
+//! borrowed per-thread handle [`LocalCache`].
+
+use std::alloc::Layout;
+use std::borrow::{Borrow, BorrowMut};
+use std::cmp::Ordering as CmpOrdering;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::marker::PhantomData;
+use std::mem::{ManuallyDrop, MaybeUninit};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+use crate::cache::{self, Lookup, ThreadCache};
+use crate::config::{CacheMode, Config};
+use crate::engine::Engine;
+use crate::stats::Stats;
+use crate::sync::Arc;
+
+/// The backing allocator could not supply memory for an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AllocError;
+
+impl fmt::Display for AllocError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("memory allocation failed")
+    }
+}
+
+impl std::error::Error for AllocError {}
+
+/// An allocator of objects of one type, with per-thread caches.
+///
+/// Allocation returns a [`Pooled`] handle that owns the object; dropping the handle runs
+/// `T`'s destructor and keeps the memory in the dropping thread's cache for the next
+/// allocation. It is usually a `static`:
+///
+/// ```
+/// use proxalloc::ClassAllocator;
+///
+/// struct Request { id: u64, path: String }
+/// static REQUESTS: ClassAllocator<Request> = ClassAllocator::new("requests");
+///
+/// let r = REQUESTS.alloc(Request { id: 7, path: "/".into() });
+/// assert_eq!(r.id, 7);
+/// drop(r); // runs Request's destructor; the slot stays in this thread's cache
+/// assert_eq!(REQUESTS.stats().live, 0);
+/// ```
+///
+/// It can also be an owned value; dropping it returns every object cached anywhere to the
+/// system allocator. Handles borrow their allocator, so none can outlive it:
+///
+/// ```compile_fail
+/// use proxalloc::{ClassAllocator, Pooled};
+/// let escaped: Pooled<'static, u32>;
+/// {
+///     let local = ClassAllocator::<u32>::new("local");
+///     escaped = local.alloc(1); // error: `local` does not live long enough
+/// }
+/// ```
+pub struct ClassAllocator<T> {
+    name: &'static str,
+    config: Config,
+    #[cfg(not(loom))]
+    engine: crate::sync::AtomicPtr<Engine>,
+    #[cfg(loom)]
+    engine: Arc<Engine>,
+    _type: PhantomData<fn(T) -> T>,
+}
+
+// The allocator never holds a `T` (only raw memory), so it can be shared and sent
+// whatever `T` is; `Pooled<T>` carries `T`'s own `Send`/`Sync`.
+
+impl<T> ClassAllocator<T> {
+    /// An allocator named `name`, with the default [`Config`].
+    #[cfg(not(loom))]
+    pub const fn new(name: &'static str) -> Self {
+        Self::with_config(name, Config::new())
+    }
+
+    /// An allocator named `name` with `config`.
+    #[cfg(not(loom))]
+    pub const fn with_config(name: &'static str, config: Config) -> Self {
+        ClassAllocator {
+            name,
+            config,
+            engine: crate::sync::AtomicPtr::new(std::ptr::null_mut()),
+            _type: PhantomData,
+        }
+    }
+
+    /// An allocator named `name`, with the default [`Config`].
+    #[cfg(loom)]
+    pub fn new(name: &'static str) -> Self {
+        Self::with_config(name, Config::new())
+    }
+
+    /// An allocator named `name` with `config`. (Under loom the engine is built eagerly,
+    /// inside the model.)
+    #[cfg(loom)]
+    pub fn with_config(name: &'static str, config: Config) -> Self {
+        ClassAllocator {
+            name,
+            config,
+            engine: Arc::new(Engine::new(name, Layout::new::<T>(), config)),
+            _type: PhantomData,
+        }
+    }
+
+    /// The allocator's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The configuration it was built with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The caching mode in effect (the configured one, unless `PROXALLOC_BYPASS` forced
+    /// [`CacheMode::Bypass`]).
+    pub fn mode(&self) -> CacheMode {
+        self.engine().mode()
+    }
+
+    #[cfg(not(loom))]
+    #[inline(always)]
+    fn engine(&self) -> &Engine {
+        use crate::sync::Ordering;
+        let p = self.engine.load(Ordering::Acquire);
+        if p.is_null() {
+            return self.init_engine();
+        }
+        // SAFETY: a published engine lives until this allocator is dropped.
+        unsafe { &*p }
+    }
+
+    #[cfg(not(loom))]
+    #[cold]
+    fn init_engine(&self) -> &Engine {
+        use crate::sync::Ordering;
+        let fresh = Arc::into_raw(Arc::new(Engine::new(self.name, Layout::new::<T>(), self.config)));
+        // Release publishes the engine's fields to the Acquire load in `engine`.
+        match self.engine.compare_exchange(
+            std::ptr::null_mut(),
+            fresh.cast_mut(),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            // SAFETY: just published; lives until this allocator is dropped.
+            Ok(_) => unsafe { &*fresh },
+            Err(winner) => {
+                // SAFETY: ours was never published or used: shut it down and free it.
+                unsafe {
+                    let ours = Arc::from_raw(fresh);
+                    ours.shutdown();
+                    drop(ours);
+                    &*winner
+                }
+            }
+        }
+    }
+
+    #[cfg(loom)]
+    #[inline(always)]
+    fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The engine as an `Arc` (borrowed: not counted), for registering a thread cache.
+    #[cfg(not(loom))]
+    fn engine_arc(&self) -> ManuallyDrop<Arc<Engine>> {
+        let e: *const Engine = self.engine();
+        // SAFETY: the allocator holds one strong count, made by `Arc::into_raw`, and the
+        // result is never dropped, so that count is not given up.
+        ManuallyDrop::new(unsafe { Arc::from_raw(e) })
+    }
+
+    #[cfg(loom)]
+    fn engine_arc(&self) -> ManuallyDrop<Arc<Engine>> {
+        ManuallyDrop::new(self.engine.clone())
+    }
+
+    /// Allocates memory for one object (uninitialised), through this thread's cache.
+    #[inline]
+    fn alloc_raw(&self) -> Result<NonNull<T>, AllocError> {
+        let e = self.engine();
+        let p = match cache::lookup(e.slot(), e.instance()) {
+            Lookup::Cache(c) => {
+                // SAFETY: this thread's own cache; no other reference to it is live.
+                let c = unsafe { &mut *c };
+                match c.pop() {
+                    Some(p) => Some(p),
+                    None => e.alloc_slow(c),
+                }
+            }
+            _ => self.alloc_cold(),
+        };
+        p.map(NonNull::cast).ok_or(AllocError)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn alloc_cold(&self) -> Option<NonNull<u8>> {
+        let e = self.engine_arc();
+        if let Lookup::Unregistered = cache::lookup(e.slot(), e.instance()) {
+            if let Some(c) = e.register() {
+                // SAFETY: just registered for this thread; no other reference is live.
+                let c = unsafe { &mut *c };
+                return c.pop().or_else(|| e.alloc_slow(c));
+            }
+        }
+        e.alloc_detached()
+    }
+
+    /// Returns one object's memory (its value already dropped or moved out) through this
+    /// thread's cache.
+    ///
+    /// # Safety
+    /// `p` came from this allocator and nobody uses it any more.
+    #[inline]
+    unsafe fn free_raw(&self, p: NonNull<T>) {
+        let e = self.engine();
+        let p = p.cast::<u8>();
+        match cache::lookup(e.slot(), e.instance()) {
+            Lookup::Cache(c) => {
+                // SAFETY: this thread's own cache; no other reference to it is live.
+                let c = unsafe { &mut *c };
+                if !c.push(p) {
+                    // SAFETY: forwarded from the caller.
+                    unsafe { e.free_slow(c, p) };
+                }
+            }
+            // SAFETY: forwarded from the caller.
+            _ => unsafe { self.free_cold(p) },
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_cold(&self, p: NonNull<u8>) {
+        let e = self.engine_arc();
+        if let Lookup::Unregistered = cache::lookup(e.slot(), e.instance()) {
+            if let Some(c) = e.register() {
+                // SAFETY: just registered for this thread; no other reference is live.
+                let c = unsafe { &mut *c };
+                if !c.push(p) {
+                    // SAFETY: forwarded from the caller.
+                    unsafe { e.free_slow(c, p) };
+                }
+                return;
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { e.free_detached(p) };
+    }
+
+    /// Allocates an object holding `value`.
+    ///
+    /// # Panics
+    /// If the backing allocator fails (see [`try_alloc`](Self::try_alloc)), through
+    /// [`std::alloc::handle_alloc_error`].
+    #[inline]
+    pub fn alloc(&self, value: T) -> Pooled<'_, T> {
+        self.alloc_with(|| value)
+    }
+
+    /// Allocates an object and constructs it with `init`, writing the result straight
+    /// into the object's memory.
+    ///
+    /// If `init` panics, the memory goes back to the cache and the panic continues.
+    #[inline]
+    pub fn alloc_with(&self, init: impl FnOnce() -> T) -> Pooled<'_, T> {
+        match self.try_alloc_with(init) {
+            Ok(h) => h,
+            Err(AllocError) => std::alloc::handle_alloc_error(Layout::new::<T>()),
+        }
+    }
+
+    /// Allocates an object holding `value`, or returns an error (dropping `value`) if the
+    /// backing allocator fails.
+    #[inline]
+    pub fn try_alloc(&self, value: T) -> Result<Pooled<'_, T>, AllocError> {
+        self.try_alloc_with(|| value)
+    }
+
+    /// Allocates an object constructed by `init`, or returns an error without calling
+    /// `init` if the backing allocator fails.
+    ///
+    /// ```
+    /// use proxalloc::{AllocError, ClassAllocator};
+    /// let huge = ClassAllocator::<[u8; 1 << 44]>::new("huge");
+    /// assert_eq!(huge.try_alloc_with(|| unreachable!()).err(), Some(AllocError));
+    /// ```
+    #[inline]
+    pub fn try_alloc_with(&self, init: impl FnOnce() -> T) -> Result<Pooled<'_, T>, AllocError> {
+        let slot = self.alloc_raw()?;
+        // Returns the slot if `init` unwinds.
+        let guard = SlotGuard { alloc: self, slot };
+        // SAFETY: `slot` is valid, aligned, uninitialised memory for one `T`.
+        unsafe { slot.as_ptr().write(init()) };
+        std::mem::forget(guard);
+        Ok(Pooled {
+            ptr: slot,
+            alloc: self,
+            _owns: PhantomData,
+        })
+    }
+
+    /// Allocates an object and lets `init` initialise it in place, for large types
+    /// that should never be built on the stack.
+    ///
+    /// # Safety
+    /// `init` must fully initialise the value before it returns. (If it unwinds, the
+    /// memory is recycled and nothing is dropped.)
+    ///
+    /// ```
+    /// use proxalloc::ClassAllocator;
+    /// let bufs = ClassAllocator::<[u64; 4096]>::new("bufs");
+    /// // SAFETY: every element is written.
+    /// let b = unsafe {
+    ///     bufs.alloc_in_place(|slot| {
+    ///         let p = slot.as_mut_ptr().cast::<u64>();
+    ///         for i in 0..4096 { p.add(i).write(i as u64); }
+    ///     })
+    /// };
+    /// assert_eq!(b[4095], 4095);
+    /// ```
+    pub unsafe fn alloc_in_place(&self, init: impl FnOnce(&mut MaybeUninit<T>)) -> Pooled<'_, T> {
+        let slot = self
+            .alloc_raw()
+            .unwrap_or_else(|_| std::alloc::handle_alloc_error(Layout::new::<T>()));
+        let guard = SlotGuard { alloc: self, slot };
+        // SAFETY: valid, aligned memory for one `T`; `MaybeUninit` accepts any contents.
+        init(unsafe { &mut *slot.as_ptr().cast::<MaybeUninit<T>>() });
+        std::mem::forget(guard);
+        Pooled {
+            ptr: slot,
+            alloc: self,
+            _owns: PhantomData,
+        }
+    }
+
+    /// Gives everything this thread caches and everything the depot caches back to the
+    /// system allocator. Objects cached by other threads stay with them (each thread's
+    /// cache holds at most two magazines; they return when the thread exits, calls
+    /// [`release_thread_cache`](Self::release_thread_cache) or this allocator is dropped).
+    /// Returns the number of bytes released.
+    pub fn trim(&self) -> usize {
+        self.engine().trim() * std::mem::size_of::<T>()
+    }
+
+    /// Hands this thread's cached objects to the depot and forgets this thread's cache
+    /// (a worker about to idle for long, or a thread whose thread-local destructors may
+    /// not run). The next allocation on this thread makes a new cache.
+    pub fn release_thread_cache(&self) {
+        self.engine().release_thread_cache();
+    }
+
+    /// A snapshot of this allocator's counters.
+    pub fn stats(&self) -> Stats {
+        self.engine().stats(std::mem::size_of::<T>())
+    }
+
+    /// Runs `f` with this thread's cache in hand, so allocations and frees in `f` skip
+    /// the thread-local lookup: for event-loop workers that own their thread.
+    ///
+    /// ```
+    /// use proxalloc::ClassAllocator;
+    /// static EVENTS: ClassAllocator<[u8; 64]> = ClassAllocator::new("events");
+    /// let total = EVENTS.with_local(|cache| {
+    ///     (0..1000).map(|i| {
+    ///         let e = cache.alloc([i as u8; 64]);
+    ///         let first = e[0] as u64;
+    ///         cache.free(e);
+    ///         first
+    ///     }).sum::<u64>()
+    /// });
+    /// assert!(total > 0);
+    /// ```
+    pub fn with_local<R>(&self, f: impl FnOnce(&mut LocalCache<'_, T>) -> R) -> R {
+        let e = self.engine_arc();
+        let registered = match cache::lookup(e.slot(), e.instance()) {
+            Lookup::Cache(c) => Some(c),
+            Lookup::Unregistered => e.register(),
+            Lookup::TornDown => None,
+        };
+        match registered {
+            Some(cache) => {
+                // Keeps `release_thread_cache` (called from `f`) from freeing the cache.
+                let _pin = cache::Pin::new(cache);
+                f(&mut LocalCache {
+                    alloc: self,
+                    cache,
+                    _not_send: PhantomData,
+                })
+            }
+            None => {
+                // Thread-local storage is gone: a stand-in that goes straight to the
+                // backing allocator, whose counters are kept even if `f` unwinds.
+                let mut stand_in = StandIn {
+                    engine: &e,
+                    cache: ThreadCache::new(true),
+                };
+                f(&mut LocalCache {
+                    alloc: self,
+                    cache: &mut stand_in.cache,
+                    _not_send: PhantomData,
+                })
+            }
+        }
+    }
+}
+
+/// A detached cache used where thread-local storage is gone; folds its counters into the
+/// engine when dropped.
+struct StandIn<'e> {
+    engine: &'e Engine,
+    cache: ThreadCache,
+}
+
+impl Drop for StandIn<'_> {
+    fn drop(&mut self) {
+        self.engine.fold(&self.cache);
+    }
+}
+
+impl<T> Drop for ClassAllocator<T> {
+    fn drop(&mut self) {
+        #[cfg(not(loom))]
+        {
+            let p = *self.engine.get_mut();
+            if p.is_null() {
+                return;
+            }
+            // SAFETY: `&mut self`: no handle or borrow of the allocator is left, so no
+            // thread can be using it; the allocator's strong count is given up here.
+            unsafe {
+                let engine = Arc::from_raw(p);
+                engine.shutdown();
+            }
+        }
+        #[cfg(loom)]
+        // SAFETY: as above.
+        unsafe {
+            self.engine.shutdown()
+        };
+    }
+}
+
+impl<T> fmt::Debug for ClassAllocator<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClassAllocator")
+            .field("name", &self.name)
+            .field("type", &std::any::type_name::<T>())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Gives a slot back (without dropping anything in it) if construction unwinds.
+struct SlotGuard<'a, T> {
+    alloc: &'a ClassAllocator<T>,
+    slot: NonNull<T>,
+}
+
+impl<T> Drop for SlotGuard<'_, T> {
+    fn drop(&mut self) {
+        // SAFETY: the slot came from `alloc` and holds no value.
+        unsafe { self.alloc.free_raw(self.slot) };
+    }
+}
+
+/// An object owned through a [`ClassAllocator`]: dropping it runs `T`'s destructor and
+/// recycles the memory into the dropping thread's cache.
+///
+/// It is `Send`/`Sync` exactly when `T` is. A handle to a `!Send` type stays on its
+/// thread:
+///
+/// ```compile_fail
+/// use proxalloc::ClassAllocator;
+/// use std::rc::Rc;
+/// static RCS: ClassAllocator<Rc<u8>> = ClassAllocator::new("rcs");
+/// let h = RCS.alloc(Rc::new(1));
+/// std::thread::spawn(move || drop(h)); // error: `Rc<u8>` cannot be sent between threads
+/// ```
+pub struct Pooled<'a, T> {
+    ptr: NonNull<T>,
+    alloc: &'a ClassAllocator<T>,
+    _owns: PhantomData<T>,
+}
+
+// SAFETY: the handle owns its `T` exclusively (like `Box<T>`); the allocator reference is
+// to a `Sync` allocator.
+unsafe impl<T: Send> Send for Pooled<'_, T> {}
+// SAFETY: `&Pooled<T>` only gives out `&T`.
+unsafe impl<T: Sync> Sync for Pooled<'_, T> {}
+
+impl<'a, T> Pooled<'a, T> {
+    /// The allocator this object came from.
+    pub fn allocator(this: &Self) -> &'a ClassAllocator<T> {
+        this.alloc
+    }
+
+    /// Moves the value out and recycles the memory.
+    pub fn into_inner(this: Self) -> T {
+        let this = ManuallyDrop::new(this);
+        // SAFETY: the handle owns an initialised value, read exactly once here.
+        let value = unsafe { this.ptr.as_ptr().read() };
+        // SAFETY: the slot came from `alloc` and its value was moved out.
+        unsafe { this.alloc.free_raw(this.ptr) };
+        value
+    }
+
+    /// Gives up ownership without dropping or recycling; the object stays allocated.
+    /// Pair with [`from_raw`](Self::from_raw) or [`ClassAllocator`]-aware code.
+    pub fn into_raw(this: Self) -> NonNull<T> {
+        ManuallyDrop::new(this).ptr
+    }
+
+    /// Rebuilds a handle from [`into_raw`](Self::into_raw).
+    ///
+    /// # Safety
+    /// `ptr` came from `into_raw` on a handle of `alloc`, and no other handle owns it.
+    pub unsafe fn from_raw(alloc: &'a ClassAllocator<T>, ptr: NonNull<T>) -> Self {
+        Pooled {
+            ptr,
+            alloc,
+            _owns: PhantomData,
+        }
+    }
+
+    /// Leaks the object: it is never dropped and its memory never recycled.
+    pub fn leak(this: Self) -> &'a mut T {
+        // SAFETY: the value is initialised and owned; it is never freed.
+        unsafe { &mut *Self::into_raw(this).as_ptr() }
+    }
+
+    /// A raw pointer to the object (the handle keeps ownership).
+    pub fn as_ptr(this: &Self) -> *const T {
+        this.ptr.as_ptr()
+    }
+}
+
+impl<T> Drop for Pooled<'_, T> {
+    #[inline]
+    fn drop(&mut self) {
+        // Recycles the slot even if `T::drop` unwinds.
+        let guard = SlotGuard {
+            alloc: self.alloc,
+            slot: self.ptr,
+        };
+        // SAFETY: the handle owns an initialised value, dropped exactly once here.
+        unsafe { self.ptr.as_ptr().drop_in_place() };
+        drop(guard);
+    }
+}
+
+impl<T> Deref for Pooled<'_, T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
+        // SAFETY: the handle owns an initialised value.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl<T> DerefMut for Pooled<'_, T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the handle owns an initialised value, exclusively.
+        unsafe { self.ptr.as_mut() }
+    }
+}
+
+impl<T> AsRef<T> for Pooled<'_, T> {
+    fn as_ref(&self) -> &T {
+        self
+    }
+}
+
+impl<T> AsMut<T> for Pooled<'_, T> {
+    fn as_mut(&mut self) -> &mut T {
+        self
+    }
+}
+
+impl<T> Borrow<T> for Pooled<'_, T> {
+    fn borrow(&self) -> &T {
+        self
+    }
+}
+
+impl<T> BorrowMut<T> for Pooled<'_, T> {
+    fn borrow_mut(&mut self) -> &mut T {
+        self
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Pooled<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl<T: fmt::Display> fmt::Display for Pooled<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&**self, f)
+    }
+}
+
+impl<T> fmt::Pointer for Pooled<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Pointer::fmt(&self.ptr, f)
+    }
+}
+
+impl<T: PartialEq> PartialEq for Pooled<'_, T> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl<T: Eq> Eq for Pooled<'_, T> {}
+
+impl<T: PartialOrd> PartialOrd for Pooled<'_, T> {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        (**self).partial_cmp(&**other)
+    }
+}
+
+impl<T: Ord> Ord for Pooled<'_, T> {
+    fn cmp(&self, other: &Self) -> CmpOrdering {
+        (**self).cmp(&**other)
+    }
+}
+
+impl<T: Hash> Hash for Pooled<'_, T> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (**self).hash(state)
+    }
+}
+
+/// This thread's cache of one allocator, in hand: see [`ClassAllocator::with_local`].
+/// Allocations and frees through it skip the thread-local lookup.
+pub struct LocalCache<'a, T> {
+    alloc: &'a ClassAllocator<T>,
+    cache: *mut ThreadCache,
+    _not_send: PhantomData<*mut ()>,
+}
+
+impl<'a, T> LocalCache<'a, T> {
+    #[inline]
+    fn engine(&self) -> &'a Engine {
+        self.alloc.engine()
+    }
+
+    /// Allocates an object holding `value` (see [`ClassAllocator::alloc`]).
+    #[inline]
+    pub fn alloc(&mut self, value: T) -> Pooled<'a, T> {
+        self.alloc_with(|| value)
+    }
+
+    /// Allocates an object constructed by `init` (see [`ClassAllocator::alloc_with`]).
+    #[inline]
+    pub fn alloc_with(&mut self, init: impl FnOnce() -> T) -> Pooled<'a, T> {
+        // SAFETY: `cache` is this thread's cache (or a stand-in on `with_local`'s stack),
+        // alive for the whole `with_local` call, and not otherwise borrowed right now.
+        let c = unsafe { &mut *self.cache };
+        let slot = match c.pop() {
+            Some(p) => Some(p),
+            None => self.engine().alloc_slow(c),
+        };
+        let slot = slot
+            .unwrap_or_else(|| std::alloc::handle_alloc_error(Layout::new::<T>()))
+            .cast::<T>();
+        let guard = SlotGuard {
+            alloc: self.alloc,
+            slot,
+        };
+        // SAFETY: valid uninitialised memory for one `T`.
+        unsafe { slot.as_ptr().write(init()) };
+        std::mem::forget(guard);
+        Pooled {
+            ptr: slot,
+            alloc: self.alloc,
+            _owns: PhantomData,
+        }
+    }
+
+    /// Drops an object and recycles its memory into this cache.
+    ///
+    /// # Panics
+    /// If `object` came from a different allocator.
+    #[inline]
+    pub fn free(&mut self, object: Pooled<'a, T>) {
+        assert!(
+            std::ptr::eq(object.alloc, self.alloc),
+            "proxalloc: object freed into a different allocator ({:?}) than its own ({:?})",
+            self.alloc.name,
+            object.alloc.name,
+        );
+        let ptr = Pooled::into_raw(object);
+        let guard = SlotGuard {
+            alloc: self.alloc,
+            slot: ptr,
+        };
+        // SAFETY: the handle owned an initialised value; dropped exactly once here.
+        unsafe { ptr.as_ptr().drop_in_place() };
+        std::mem::forget(guard);
+        // SAFETY: see `alloc_with`.
+        let c = unsafe { &mut *self.cache };
+        let p = ptr.cast::<u8>();
+        if !c.push(p) {
+            // SAFETY: the slot is ours and no longer used.
+            unsafe { self.engine().free_slow(c, p) };
+        }
+    }
+}
+
+impl<T> fmt::Debug for LocalCache<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalCache")
+            .field("allocator", &self.alloc.name)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,141 @@
+//! Allocator configuration: sizes, budgets and the caching mode.
+
+/// How a [`ClassAllocator`](crate::ClassAllocator) caches freed objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CacheMode {
+    /// Per-thread magazine caches in front of the shared depot (the default).
+    ThreadCaches,
+    /// No per-thread caching: every allocation and free goes to the shared depot, one
+    /// object per magazine. This is Traffic Server's global freelist without its proxy
+    /// allocators, kept to reproduce the TS-1684 comparison.
+    DepotOnly,
+    /// Every allocation and free goes straight to the backing (global) allocator, like
+    /// Traffic Server's `-F`: use it under valgrind or sanitizers, or to compare.
+    Bypass,
+}
+
+/// Name of the environment variable that forces [`CacheMode::Bypass`] on every allocator
+/// when it is set to `1`, `true`, `yes` or `on`. It is read once per allocator, when the
+/// allocator is first used.
+pub const BYPASS_ENV: &str = "PROXALLOC_BYPASS";
+
+/// Tuning for one [`ClassAllocator`](crate::ClassAllocator).
+///
+/// Built with `const` methods, so a configured allocator can still be a `static`:
+///
+/// ```
+/// use proxalloc::{ClassAllocator, Config};
+/// static HEADERS: ClassAllocator<[u8; 256]> = ClassAllocator::with_config(
+///     "headers",
+///     Config::new().magazine_size(32).depot_bytes(1 << 20),
+/// );
+/// let h = HEADERS.alloc([0; 256]);
+/// assert_eq!(h.len(), 256);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Config {
+    pub(crate) magazine_size: usize,
+    pub(crate) depot_bytes: usize,
+    pub(crate) thread_cache_bytes: usize,
+    pub(crate) mode: CacheMode,
+    pub(crate) generation_bits: u32,
+}
+
+/// Largest accepted magazine size; larger values are clamped to it.
+pub const MAX_MAGAZINE_SIZE: usize = 1024;
+
+impl Config {
+    /// Default objects per magazine.
+    pub const DEFAULT_MAGAZINE_SIZE: usize = 64;
+    /// Default budget for bytes of free objects held in the depot (per allocator).
+    pub const DEFAULT_DEPOT_BYTES: usize = 2 << 20;
+    /// Default bound on bytes of free objects one thread caches for one allocator.
+    pub const DEFAULT_THREAD_CACHE_BYTES: usize = 256 << 10;
+
+    /// The defaults: 64-object magazines, a 2 MiB depot budget, a 256 KiB bound per
+    /// thread cache, [`CacheMode::ThreadCaches`].
+    pub const fn new() -> Self {
+        Config {
+            magazine_size: Self::DEFAULT_MAGAZINE_SIZE,
+            depot_bytes: Self::DEFAULT_DEPOT_BYTES,
+            thread_cache_bytes: Self::DEFAULT_THREAD_CACHE_BYTES,
+            mode: CacheMode::ThreadCaches,
+            generation_bits: 32,
+        }
+    }
+
+    /// Objects per magazine (clamped to `1..=MAX_MAGAZINE_SIZE`). Each trip to the depot
+    /// moves this many objects, so larger magazines mean fewer shared operations and more
+    /// memory held per thread.
+    pub const fn magazine_size(mut self, objects: usize) -> Self {
+        self.magazine_size = if objects == 0 {
+            1
+        } else if objects > MAX_MAGAZINE_SIZE {
+            MAX_MAGAZINE_SIZE
+        } else {
+            objects
+        };
+        self
+    }
+
+    /// Byte budget for free objects kept in the depot. A spill that would go over it
+    /// returns that magazine's objects to the backing allocator instead. `0` caches
+    /// nothing in the depot.
+    pub const fn depot_bytes(mut self, bytes: usize) -> Self {
+        self.depot_bytes = bytes;
+        self
+    }
+
+    /// Bound on the bytes of free objects one thread caches (in its two magazines). For
+    /// large objects it shrinks the magazine below [`magazine_size`](Self::magazine_size),
+    /// never below one object.
+    pub const fn thread_cache_bytes(mut self, bytes: usize) -> Self {
+        self.thread_cache_bytes = bytes;
+        self
+    }
+
+    /// Selects the caching mode.
+    pub const fn mode(mut self, mode: CacheMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Width of the depot's ABA generation field (default 32). Narrower fields exist to
+    /// let model checks exercise wrap-around; production code has no reason to set it.
+    #[doc(hidden)]
+    pub const fn generation_bits(mut self, bits: u32) -> Self {
+        self.generation_bits = if bits > 32 { 32 } else { bits };
+        self
+    }
+
+    /// Objects per magazine for objects of `size` bytes, under both bounds.
+    pub(crate) fn magazine_capacity(&self, size: usize) -> usize {
+        match self.mode {
+            CacheMode::DepotOnly => 1,
+            CacheMode::ThreadCaches | CacheMode::Bypass => {
+                let by_bytes = match size {
+                    0 => usize::MAX,
+                    s => self.thread_cache_bytes / (2 * s),
+                };
+                self.magazine_size.min(by_bytes).max(1)
+            }
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::new()
+    }
+}
+
+/// Whether [`BYPASS_ENV`] asks for bypass mode.
+pub(crate) fn bypass_from_env() -> bool {
+    match std::env::var_os(BYPASS_ENV) {
+        Some(v) => matches!(
+            v.to_str().map(str::to_ascii_lowercase).as_deref(),
+            Some("1" | "true" | "yes" | "on")
+        ),
+        None => false,
+    }
+}

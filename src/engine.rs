@@ -1,0 +1,406 @@
+//! The untyped allocator behind each [`ClassAllocator`](crate::ClassAllocator): its depot,
+//! the registry of its thread caches, the magazine exchange rules (the slow paths), the
+//! thread-exit flush and the shutdown that releases everything.
+//!
+//! # Who may touch a thread cache
+//! A cache is used by its own thread through the thread-local table, and otherwise only
+//! under the registry lock: by the thread-exit flush (its own thread, from the
+//! thread-local destructor), by stats readers (counters only, which are atomics), and by
+//! [`Engine::shutdown`]. Shutdown runs when the owning `ClassAllocator` is dropped, when
+//! no thread can be inside an allocation or free (they all borrow the allocator). A
+//! thread may still be running its thread-local destructors then (scoped threads are
+//! joined before those finish), so both shutdown and the exit flush take the lock, and
+//! the flush does nothing once `alive` is false.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+
+use crate::backing::Backing;
+use crate::cache::{self, slots, ThreadCache};
+use crate::config::{bypass_from_env, CacheMode, Config};
+use crate::depot::Depot;
+use crate::magazine::{self, Magazine};
+use crate::stats::Stats;
+use crate::sync::{self, Arc, Mutex, StatCounter};
+
+/// Thread caches of one engine.
+#[derive(Debug)]
+struct Registry {
+    /// False once the allocator is dropped: caches are then already freed.
+    alive: bool,
+    caches: Vec<*mut ThreadCache>,
+}
+
+// SAFETY: the raw pointers are owned boxes handed between threads only under the
+// registry mutex, as described in the module docs.
+unsafe impl Send for Registry {}
+
+/// Counters of work done outside any registered cache: caches that were retired (thread
+/// exit), and operations after thread-local teardown.
+#[derive(Debug, Default)]
+struct Retired {
+    allocs: StatCounter,
+    frees: StatCounter,
+}
+
+/// The untyped engine of one allocator.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    slot: u32,
+    instance: u64,
+    name: &'static str,
+    mode: CacheMode,
+    depot: Depot,
+    registry: Mutex<Registry>,
+    retired: Retired,
+}
+
+impl Engine {
+    /// An engine for objects of `layout`.
+    pub(crate) fn new(name: &'static str, layout: Layout, config: Config) -> Self {
+        let mode = if bypass_from_env() {
+            CacheMode::Bypass
+        } else {
+            config.mode
+        };
+        let capacity = config.magazine_capacity(layout.size());
+        let budget = config.depot_bytes.checked_div(layout.size()).unwrap_or(usize::MAX);
+        let (slot, instance) = slots::claim();
+        Engine {
+            slot,
+            instance,
+            name,
+            mode,
+            depot: Depot::new(Backing::new(layout), capacity, budget, config.generation_bits),
+            registry: Mutex::new(Registry {
+                alive: true,
+                caches: Vec::new(),
+            }),
+            retired: Retired::default(),
+        }
+    }
+
+    pub(crate) fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    pub(crate) fn instance(&self) -> u64 {
+        self.instance
+    }
+
+    pub(crate) fn mode(&self) -> CacheMode {
+        self.mode
+    }
+
+    fn backing(&self) -> &Backing {
+        self.depot.backing()
+    }
+
+    fn capacity(&self) -> usize {
+        self.depot.capacity()
+    }
+
+    /// A magazine descriptor pointer held by one of this engine's caches, as a reference.
+    ///
+    /// # Safety
+    /// `mag` is a descriptor of this engine's table (descriptors live as long as it).
+    unsafe fn mag<'e>(&'e self, mag: NonNull<Magazine>) -> &'e Magazine {
+        // SAFETY: forwarded from the caller.
+        unsafe { mag.as_ref() }
+    }
+
+    /// Slow path of an allocation: the loaded magazine is empty (or caching is off).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn alloc_slow(&self, c: &mut ThreadCache) -> Option<NonNull<u8>> {
+        if !c.detached {
+            match self.mode {
+                CacheMode::ThreadCaches => {
+                    if self.refill(c) {
+                        return c.pop();
+                    }
+                }
+                CacheMode::DepotOnly => {
+                    if let Some(p) = self.take_one() {
+                        c.allocs.bump(1);
+                        return Some(p);
+                    }
+                }
+                CacheMode::Bypass => {}
+            }
+        }
+        let p = self.backing().alloc()?;
+        c.allocs.bump(1);
+        Some(p)
+    }
+
+    /// Slow path of a free: the loaded magazine is full (or caching is off).
+    ///
+    /// # Safety
+    /// `p` is an object of this engine that nobody uses any more.
+    #[cold]
+    #[inline(never)]
+    pub(crate) unsafe fn free_slow(&self, c: &mut ThreadCache, p: NonNull<u8>) {
+        if !c.detached {
+            match self.mode {
+                CacheMode::ThreadCaches => {
+                    if self.make_room(c) {
+                        let pushed = c.push(p);
+                        debug_assert!(pushed);
+                        return;
+                    }
+                }
+                CacheMode::DepotOnly => {
+                    if self.give_one(p) {
+                        c.frees.bump(1);
+                        return;
+                    }
+                }
+                CacheMode::Bypass => {}
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.backing().dealloc(p) };
+        c.frees.bump(1);
+    }
+
+    /// Makes the loaded magazine non-empty: swap with a non-empty previous, or exchange
+    /// with the depot. False when neither has objects.
+    fn refill(&self, c: &mut ThreadCache) -> bool {
+        debug_assert_eq!(c.loaded_len(), 0);
+        // SAFETY: the cache owns its previous magazine.
+        if c.previous().is_some_and(|p| unsafe { p.len() } > 0) {
+            c.swap(self.capacity());
+            return true;
+        }
+        let Some(full) = self.depot.take_full() else {
+            return false;
+        };
+        // Both magazines are empty: keep one as previous, give the other back.
+        if let Some(prev) = c.take_previous() {
+            // SAFETY: owned by the cache, now handed over; it is empty.
+            unsafe { self.depot.put_empty(self.mag(prev)) };
+        }
+        let loaded = c.unload();
+        c.set_previous(loaded);
+        c.load(full, self.capacity());
+        true
+    }
+
+    /// Makes room in the loaded magazine: swap with a non-full previous, or exchange
+    /// with the depot. False when the depot cannot supply an empty magazine.
+    fn make_room(&self, c: &mut ThreadCache) -> bool {
+        debug_assert_eq!(c.loaded_len(), c.loaded_cap());
+        let cap = self.capacity();
+        // SAFETY: the cache owns its previous magazine.
+        if c.previous().is_some_and(|p| unsafe { p.len() } < cap) {
+            c.swap(cap);
+            return true;
+        }
+        let Some(empty) = self.depot.take_empty() else {
+            return false;
+        };
+        if let Some(prev) = c.take_previous() {
+            // SAFETY: owned by the cache, now handed over.
+            unsafe { self.depot.put_full(self.mag(prev)) };
+        }
+        let loaded = c.unload();
+        c.set_previous(loaded);
+        c.load(empty, cap);
+        true
+    }
+
+    /// Depot-only allocation: one object from a full (one-object) magazine.
+    fn take_one(&self) -> Option<NonNull<u8>> {
+        let mag = self.depot.take_full()?;
+        // SAFETY: popped, so owned here; a magazine on the full stack is non-empty.
+        let p = unsafe {
+            mag.with_rounds(|r| {
+                r.len -= 1;
+                magazine::slot(r.slots, r.len)
+            })
+        };
+        // SAFETY: owned here, handed over.
+        unsafe { self.depot.put_full(mag) };
+        Some(p)
+    }
+
+    /// Depot-only free: one object into an empty magazine pushed as full.
+    fn give_one(&self, p: NonNull<u8>) -> bool {
+        let Some(mag) = self.depot.take_empty() else {
+            return false;
+        };
+        // SAFETY: owned here; an empty magazine with storage has room for one.
+        unsafe {
+            mag.with_rounds(|r| {
+                *r.slots.add(r.len) = p.as_ptr();
+                r.len += 1;
+            });
+            self.depot.put_full(mag);
+        }
+        true
+    }
+
+    /// Hands both of `c`'s magazines to the depot (which keeps them within its budget).
+    fn flush(&self, c: &mut ThreadCache) {
+        let loaded = c.unload();
+        let previous = c.take_previous();
+        for mag in [loaded, previous].into_iter().flatten() {
+            // SAFETY: owned by the cache, now handed over.
+            unsafe { self.depot.put_full(self.mag(mag)) };
+        }
+    }
+
+    /// Adds a retiring (or stand-in) cache's counters to the engine's.
+    pub(crate) fn fold(&self, c: &ThreadCache) {
+        self.retired.allocs.add_shared(c.allocs.get());
+        self.retired.frees.add_shared(c.frees.get());
+    }
+
+    /// Creates, registers and installs a cache for this thread. `None` if thread-local
+    /// storage is being torn down.
+    #[cold]
+    pub(crate) fn register(self: &Arc<Self>) -> Option<*mut ThreadCache> {
+        let cache = Box::into_raw(Box::new(ThreadCache::new(false)));
+        sync::lock(&self.registry).caches.push(cache);
+        if cache::install(self, cache) {
+            return Some(cache);
+        }
+        let mut reg = sync::lock(&self.registry);
+        reg.caches.retain(|&c| c != cache);
+        // SAFETY: never installed, and removed from the registry: owned here.
+        drop(unsafe { Box::from_raw(cache) });
+        None
+    }
+
+    /// Runs one allocation without a registered cache (thread-local teardown).
+    #[cold]
+    pub(crate) fn alloc_detached(&self) -> Option<NonNull<u8>> {
+        let mut c = ThreadCache::new(true);
+        let p = self.alloc_slow(&mut c);
+        self.fold(&c);
+        p
+    }
+
+    /// Runs one free without a registered cache (thread-local teardown).
+    ///
+    /// # Safety
+    /// As for [`free_slow`](Self::free_slow).
+    #[cold]
+    pub(crate) unsafe fn free_detached(&self, p: NonNull<u8>) {
+        let mut c = ThreadCache::new(true);
+        // SAFETY: forwarded.
+        unsafe { self.free_slow(&mut c, p) };
+        self.fold(&c);
+    }
+
+    /// Thread exit: flushes and frees this thread's `cache`, unless the allocator is gone
+    /// (then shutdown already freed it).
+    ///
+    /// # Safety
+    /// `cache` was registered with this engine by the calling thread, which will not use
+    /// it again.
+    pub(crate) unsafe fn retire_cache(&self, cache: *mut ThreadCache) {
+        let mut reg = sync::lock(&self.registry);
+        if !reg.alive {
+            return;
+        }
+        let Some(pos) = reg.caches.iter().position(|&c| c == cache) else {
+            debug_assert!(false, "retiring a cache that is not registered");
+            return;
+        };
+        reg.caches.swap_remove(pos);
+        // SAFETY: removed from the registry under the lock, and its thread is done with
+        // it: owned here.
+        let mut c = unsafe { Box::from_raw(cache) };
+        self.flush(&mut c);
+        self.fold(&c);
+    }
+
+    /// Hands this thread's magazines to the depot and forgets this thread's cache
+    /// (only flushes it while a `with_local` call holds it).
+    pub(crate) fn release_thread_cache(&self) {
+        if let cache::Lookup::Cache(c) = cache::lookup(self.slot, self.instance) {
+            // SAFETY: this thread's own cache; no reference to it is live here.
+            if unsafe { (*c).pinned() } {
+                self.flush(unsafe { &mut *c });
+                return;
+            }
+        }
+        if let Some(cache) = cache::uninstall(self) {
+            // SAFETY: registered by this thread, now removed from its table.
+            unsafe { self.retire_cache(cache) };
+        }
+    }
+
+    /// Flushes this thread's cache to the depot, then gives everything the depot caches
+    /// back to the backing allocator. Returns the number of objects released.
+    pub(crate) fn trim(&self) -> usize {
+        if let cache::Lookup::Cache(c) = cache::lookup(self.slot, self.instance) {
+            // SAFETY: this thread's own cache; no reference to it is live here.
+            self.flush(unsafe { &mut *c });
+        }
+        self.depot.trim()
+    }
+
+    /// The allocator is being dropped: frees every cache and returns every cached object
+    /// to the backing allocator.
+    ///
+    /// # Safety
+    /// No thread can use the allocator any more (its owner is being dropped).
+    pub(crate) unsafe fn shutdown(&self) {
+        let mut reg = sync::lock(&self.registry);
+        reg.alive = false;
+        for cache in reg.caches.drain(..) {
+            // SAFETY: registered caches are owned by the registry once their threads
+            // can no longer use the allocator.
+            let mut c = unsafe { Box::from_raw(cache) };
+            c.unload();
+            c.take_previous();
+            self.fold(&c);
+        }
+        // SAFETY: no cache holds magazines any more and no thread uses the depot.
+        unsafe { self.depot.release_everything() };
+        drop(reg);
+        slots::release(self.slot);
+    }
+
+    /// A snapshot of the counters.
+    pub(crate) fn stats(&self, object_size: usize) -> Stats {
+        let (mut allocs, mut frees, threads);
+        {
+            let reg = sync::lock(&self.registry);
+            allocs = self.retired.allocs.get();
+            frees = self.retired.frees.get();
+            threads = reg.caches.len();
+            for &c in &reg.caches {
+                // SAFETY: registered caches stay allocated while the lock is held; only
+                // their atomic counters are read.
+                let c = unsafe { &*c };
+                allocs += c.allocs.get();
+                frees += c.frees.get();
+            }
+        }
+        let backing_allocs = self.backing().allocs();
+        let backing_frees = self.backing().frees();
+        let live = allocs.saturating_sub(frees);
+        let cached_in_depot = self.depot.cached_objects() as u64;
+        let reserved = backing_allocs.saturating_sub(backing_frees);
+        let counters = &self.depot.counters;
+        Stats {
+            name: self.name,
+            object_size,
+            allocs,
+            frees,
+            live,
+            cached_in_threads: reserved.saturating_sub(live + cached_in_depot),
+            cached_in_depot,
+            backing_allocs,
+            backing_frees,
+            refills: counters.refills.get(),
+            spills: counters.spills.get(),
+            overflows: counters.overflows.get(),
+            threads,
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! Magazines: fixed-capacity arrays of free-object pointers, and the grow-only table that
+//! owns their descriptors.
+//!
+//! A magazine always has exactly one owner: the thread cache that holds it, the thread
+//! that just popped or created it, or a depot stack (where nobody may touch its rounds).
+//! Ownership moves between threads only through the depot's release/acquire CASes, so
+//! the rounds need no synchronisation of their own.
+//!
+//! Descriptors are immortal for the life of the table (they are freed only when the table
+//! is dropped): a thread holding a stale depot head may still read a descriptor's `next`
+//! link, so the link must stay valid memory, and it is an atomic so that read is not a
+//! data race.
+
+use std::alloc::Layout;
+use std::ptr::{self, NonNull};
+
+use crate::sync::{self, AtomicPtr, AtomicU32, Ordering, UnsafeCell};
+
+/// Index value that means "no magazine".
+pub(crate) const NIL: u32 = u32::MAX;
+
+/// The first segment holds `1 << BASE_SHIFT` descriptors; each next one twice as many.
+const BASE_SHIFT: u32 = if cfg!(loom) { 1 } else { 4 };
+/// Enough segments to address every index below [`NIL`].
+const SEGMENTS: usize = (33 - BASE_SHIFT) as usize;
+
+/// The free objects in a magazine: `slots[..len]` are valid object pointers.
+#[derive(Debug)]
+pub(crate) struct Rounds {
+    pub(crate) len: usize,
+    /// Array of `capacity` object pointers, or null when the magazine holds no storage
+    /// (a new descriptor, or an empty magazine whose storage `trim` released).
+    pub(crate) slots: *mut *mut u8,
+}
+
+/// A magazine descriptor.
+#[derive(Debug)]
+pub(crate) struct Magazine {
+    /// Link to the next magazine on a depot stack ([`NIL`] at the bottom). Written only
+    /// by the magazine's owner just before it pushes; read by any popper.
+    pub(crate) next: AtomicU32,
+    /// This descriptor's index in its table (immutable).
+    pub(crate) index: u32,
+    rounds: UnsafeCell<Rounds>,
+}
+
+impl Magazine {
+    /// Runs `f` on the rounds.
+    ///
+    /// # Safety
+    /// The caller owns the magazine (see the module docs).
+    #[inline(always)]
+    pub(crate) unsafe fn with_rounds<R>(&self, f: impl FnOnce(&mut Rounds) -> R) -> R {
+        // SAFETY: the owner is the only thread that accesses the rounds, and the depot's
+        // release/acquire hand-off orders its accesses after the previous owner's.
+        self.rounds.with_mut(|r| f(unsafe { &mut *r }))
+    }
+
+    /// Number of objects held.
+    ///
+    /// # Safety
+    /// As for [`with_rounds`](Self::with_rounds).
+    pub(crate) unsafe fn len(&self) -> usize {
+        // SAFETY: forwarded.
+        unsafe { self.with_rounds(|r| r.len) }
+    }
+}
+
+/// Grow-only table of magazine descriptors, each with `capacity` slots.
+#[derive(Debug)]
+pub(crate) struct MagazineTable {
+    segments: [AtomicPtr<Magazine>; SEGMENTS],
+    /// Descriptor indices handed out so far.
+    claimed: AtomicU32,
+    capacity: usize,
+}
+
+/// Segment number, offset in it and its length for descriptor `index`.
+fn locate(index: u32) -> (usize, usize, usize) {
+    let j = index as u64 + (1 << BASE_SHIFT);
+    let bit = 63 - j.leading_zeros();
+    let seg_len = 1usize << bit;
+    ((bit - BASE_SHIFT) as usize, (j as usize) - seg_len, seg_len)
+}
+
+fn segment_layout(len: usize) -> Layout {
+    Layout::array::<Magazine>(len).expect("magazine segment size overflows")
+}
+
+fn slots_layout(capacity: usize) -> Layout {
+    Layout::array::<*mut u8>(capacity).expect("magazine size overflows")
+}
+
+impl MagazineTable {
+    pub(crate) fn new(capacity: usize) -> Self {
+        assert!(capacity > 0, "magazine capacity must be at least one");
+        MagazineTable {
+            segments: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
+            claimed: AtomicU32::new(0),
+            capacity,
+        }
+    }
+
+    /// Objects each magazine holds when full.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The descriptor with `index`.
+    ///
+    /// # Safety
+    /// `index` was returned by [`create`](Self::create) on this table (in any thread;
+    /// indices travel between threads only through release/acquire depot operations or
+    /// in descriptors already reached that way).
+    pub(crate) unsafe fn get(&self, index: u32) -> &Magazine {
+        let (seg, off, _) = locate(index);
+        // Acquire pairs with the Release CAS that installed the segment, so its
+        // initialised descriptors are visible.
+        let base = self.segments[seg].load(Ordering::Acquire);
+        debug_assert!(!base.is_null(), "magazine index {index} was never created");
+        // SAFETY: by the caller's contract the segment exists and `off` is within it;
+        // descriptors live as long as the table.
+        unsafe { &*base.add(off) }
+    }
+
+    /// A new empty magazine with storage, owned by the caller; `None` when memory for
+    /// the descriptor or its slots cannot be had.
+    pub(crate) fn create(&self) -> Option<&Magazine> {
+        let index = self.claimed.fetch_add(1, Ordering::Relaxed);
+        if index >= NIL {
+            self.claimed.store(NIL, Ordering::Relaxed);
+            return None;
+        }
+        let (seg, off, seg_len) = locate(index);
+        let mut base = self.segments[seg].load(Ordering::Acquire);
+        if base.is_null() {
+            base = self.install_segment(seg, seg_len)?;
+        }
+        // SAFETY: `base` is a live segment of `seg_len > off` descriptors.
+        let mag = unsafe { &*base.add(off) };
+        // SAFETY: the index was claimed by this call alone, so nobody else has seen it.
+        unsafe { self.ensure_slots(mag) }.then_some(mag)
+    }
+
+    /// Allocates and installs segment `seg`, or adopts the one another thread installed.
+    fn install_segment(&self, seg: usize, seg_len: usize) -> Option<*mut Magazine> {
+        let layout = segment_layout(seg_len);
+        // SAFETY: the layout is non-zero-sized (Magazine is not a ZST).
+        let fresh = unsafe { sync::alloc(layout) }.cast::<Magazine>();
+        if fresh.is_null() {
+            return None;
+        }
+        let first = ((1u64 << (seg as u32 + BASE_SHIFT)) - (1 << BASE_SHIFT)) as u32;
+        for off in 0..seg_len {
+            let mag = Magazine {
+                next: AtomicU32::new(NIL),
+                index: first + off as u32,
+                rounds: UnsafeCell::new(Rounds {
+                    len: 0,
+                    slots: ptr::null_mut(),
+                }),
+            };
+            // SAFETY: `off < seg_len`, inside the fresh allocation.
+            unsafe { fresh.add(off).write(mag) };
+        }
+        // Release publishes the initialised descriptors to `get`'s Acquire load.
+        match self.segments[seg].compare_exchange(
+            ptr::null_mut(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => Some(fresh),
+            Err(winner) => {
+                // SAFETY: `fresh` was never published; drop and free it.
+                unsafe { Self::free_segment(fresh, seg_len, 0) };
+                Some(winner)
+            }
+        }
+    }
+
+    /// Gives `mag` slot storage if it has none; false when memory cannot be had.
+    ///
+    /// # Safety
+    /// The caller owns `mag`.
+    pub(crate) unsafe fn ensure_slots(&self, mag: &Magazine) -> bool {
+        // SAFETY: the caller owns `mag`.
+        unsafe {
+            mag.with_rounds(|r| {
+                if r.slots.is_null() {
+                    r.slots = sync::alloc(slots_layout(self.capacity)).cast();
+                }
+                !r.slots.is_null()
+            })
+        }
+    }
+
+    /// Releases an empty magazine's slot storage (it gets new storage when next used).
+    ///
+    /// # Safety
+    /// The caller owns `mag`, and it holds no objects.
+    pub(crate) unsafe fn release_slots(&self, mag: &Magazine) {
+        // SAFETY: the caller owns `mag`.
+        unsafe {
+            mag.with_rounds(|r| {
+                debug_assert_eq!(r.len, 0, "releasing storage of a non-empty magazine");
+                if !r.slots.is_null() {
+                    sync::dealloc(r.slots.cast(), slots_layout(self.capacity));
+                    r.slots = ptr::null_mut();
+                }
+            })
+        }
+    }
+
+    /// Drops `len` descriptors at `base` (freeing the slot storage of each when
+    /// `capacity > 0`) and frees the segment.
+    ///
+    /// # Safety
+    /// Nothing else references the segment any more.
+    unsafe fn free_segment(base: *mut Magazine, len: usize, capacity: usize) {
+        for off in 0..len {
+            // SAFETY: every descriptor in the segment was initialised; we own them all.
+            unsafe {
+                let mag = base.add(off);
+                if capacity > 0 {
+                    let slots = (*mag).with_rounds(|r| r.slots);
+                    if !slots.is_null() {
+                        sync::dealloc(slots.cast(), slots_layout(capacity));
+                    }
+                }
+                ptr::drop_in_place(mag);
+            }
+        }
+        // SAFETY: allocated in `install_segment` with this layout.
+        unsafe { sync::dealloc(base.cast(), segment_layout(len)) };
+    }
+
+    /// Iterates the rounds of every magazine ever created, so a dying allocator can find
+    /// objects in magazines that a thread cache or a depot stack still holds.
+    ///
+    /// # Safety
+    /// No other thread uses the table or any of its magazines any more.
+    pub(crate) unsafe fn for_each_magazine(&self, mut f: impl FnMut(&Magazine)) {
+        for (seg, slot) in self.segments.iter().enumerate() {
+            let base = slot.load(Ordering::Acquire);
+            if base.is_null() {
+                continue;
+            }
+            for off in 0..(1usize << (seg as u32 + BASE_SHIFT)) {
+                // SAFETY: the segment is live; exclusive use per the caller's contract.
+                f(unsafe { &*base.add(off) });
+            }
+        }
+    }
+}
+
+impl Drop for MagazineTable {
+    fn drop(&mut self) {
+        for (seg, slot) in self.segments.iter().enumerate() {
+            let base = slot.swap(ptr::null_mut(), Ordering::Acquire);
+            if !base.is_null() {
+                let len = 1usize << (seg as u32 + BASE_SHIFT);
+                // SAFETY: `&mut self`: no other reference to the table or its segments.
+                unsafe { Self::free_segment(base, len, self.capacity) };
+            }
+        }
+    }
+}
+
+/// A null-free object pointer taken out of a magazine slot.
+///
+/// # Safety
+/// `slots` points to an array with at least `i + 1` initialised entries.
+#[inline(always)]
+pub(crate) unsafe fn slot(slots: *mut *mut u8, i: usize) -> NonNull<u8> {
+    // SAFETY: slots hold only pointers from the backing allocator, never null.
+    unsafe { NonNull::new_unchecked(*slots.add(i)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locate_covers_indices_contiguously() {
+        let mut expect = (0usize, 0usize);
+        for i in 0..10_000u32 {
+            let (seg, off, len) = locate(i);
+            assert_eq!((seg, off), expect, "index {i}");
+            assert_eq!(len, 1 << (seg as u32 + BASE_SHIFT));
+            expect = if off + 1 == len { (seg + 1, 0) } else { (seg, off + 1) };
+        }
+        let (seg, _, _) = locate(NIL - 1);
+        assert!(seg < SEGMENTS);
+    }
+
+    #[test]
+    fn create_get_and_release_storage() {
+        let table = MagazineTable::new(4);
+        let n = if cfg!(miri) { 40 } else { 300 };
+        let mut seen = Vec::new();
+        for _ in 0..n {
+            let m = table.create().expect("out of memory");
+            // SAFETY: just created, so owned here.
+            unsafe { table.release_slots(m) };
+            seen.push(m.index);
+        }
+        for (i, &index) in seen.iter().enumerate() {
+            assert_eq!(index, i as u32);
+            // SAFETY: created above.
+            let m = unsafe { table.get(index) };
+            assert_eq!(m.index, index);
+            // SAFETY: owned: no other thread has seen the table.
+            assert!(unsafe { table.ensure_slots(m) });
+        }
+        let mut count = 0;
+        // SAFETY: single-threaded.
+        unsafe { table.for_each_magazine(|_| count += 1) };
+        assert!(count >= n);
+    }
+}
