@@ -6,7 +6,7 @@
 //! rules, which run only when the loaded magazine is empty (alloc) or full (free), are in
 //! `#[cold]` functions in [`engine`](crate::engine).
 
-use std::cell::UnsafeCell as StdCell;
+use std::cell::UnsafeCell;
 use std::ptr::{self, NonNull};
 
 use crate::engine::Engine;
@@ -181,17 +181,17 @@ struct Entry {
 
 /// A thread's caches, indexed by the dense slot number of each allocator it has used.
 struct LocalCaches {
-    entries: StdCell<Vec<Entry>>,
+    entries: UnsafeCell<Vec<Entry>>,
     /// The engine of each entry, kept alive so the thread-exit flush can reach it (or see
     /// that its allocator is gone).
-    owners: StdCell<Vec<Option<Arc<Engine>>>>,
+    owners: UnsafeCell<Vec<Option<Arc<Engine>>>>,
 }
 
 impl LocalCaches {
     fn new() -> Self {
         LocalCaches {
-            entries: StdCell::new(Vec::new()),
-            owners: StdCell::new(Vec::new()),
+            entries: UnsafeCell::new(Vec::new()),
+            owners: UnsafeCell::new(Vec::new()),
         }
     }
 }
@@ -245,7 +245,8 @@ pub(crate) fn install(engine: &Arc<Engine>, cache: *mut ThreadCache) -> bool {
     LOCAL
         .try_with(|local| {
             // SAFETY: this thread's table, no other reference into it is live.
-            let (entries, owners) = unsafe { (&mut *local.entries.get(), &mut *local.owners.get()) };
+            let (entries, owners) =
+                unsafe { (&mut *local.entries.get(), &mut *local.owners.get()) };
             let slot = engine.slot() as usize;
             if entries.len() <= slot {
                 let empty = Entry {
@@ -271,7 +272,8 @@ pub(crate) fn uninstall(engine: &Engine) -> Option<*mut ThreadCache> {
     LOCAL
         .try_with(|local| {
             // SAFETY: this thread's table, no other reference into it is live.
-            let (entries, owners) = unsafe { (&mut *local.entries.get(), &mut *local.owners.get()) };
+            let (entries, owners) =
+                unsafe { (&mut *local.entries.get(), &mut *local.owners.get()) };
             let slot = engine.slot() as usize;
             match entries.get_mut(slot) {
                 Some(e) if e.instance == engine.instance() => {

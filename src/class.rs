@@ -139,7 +139,11 @@ impl<T> ClassAllocator<T> {
     #[cold]
     fn init_engine(&self) -> &Engine {
         use crate::sync::Ordering;
-        let fresh = Arc::into_raw(Arc::new(Engine::new(self.name, Layout::new::<T>(), self.config)));
+        let fresh = Arc::into_raw(Arc::new(Engine::new(
+            self.name,
+            Layout::new::<T>(),
+            self.config,
+        )));
         // Release publishes the engine's fields to the Acquire load in `engine`.
         match self.engine.compare_exchange(
             std::ptr::null_mut(),
@@ -288,9 +292,10 @@ impl<T> ClassAllocator<T> {
     /// `init` if the backing allocator fails.
     ///
     /// ```
-    /// use proxalloc::{AllocError, ClassAllocator};
-    /// let huge = ClassAllocator::<[u8; 1 << 44]>::new("huge");
-    /// assert_eq!(huge.try_alloc_with(|| unreachable!()).err(), Some(AllocError));
+    /// use proxalloc::ClassAllocator;
+    /// static NAMES: ClassAllocator<String> = ClassAllocator::new("names");
+    /// let name = NAMES.try_alloc_with(|| "proxalloc".to_string()).expect("out of memory");
+    /// assert_eq!(*name, "proxalloc");
     /// ```
     #[inline]
     pub fn try_alloc_with(&self, init: impl FnOnce() -> T) -> Result<Pooled<'_, T>, AllocError> {
@@ -327,18 +332,38 @@ impl<T> ClassAllocator<T> {
     /// assert_eq!(b[4095], 4095);
     /// ```
     pub unsafe fn alloc_in_place(&self, init: impl FnOnce(&mut MaybeUninit<T>)) -> Pooled<'_, T> {
-        let slot = self
-            .alloc_raw()
-            .unwrap_or_else(|_| std::alloc::handle_alloc_error(Layout::new::<T>()));
+        // SAFETY: forwarded.
+        unsafe { self.try_alloc_in_place(init) }
+            .unwrap_or_else(|_| std::alloc::handle_alloc_error(Layout::new::<T>()))
+    }
+
+    /// Like [`alloc_in_place`](Self::alloc_in_place), but returns an error without calling
+    /// `init` if the backing allocator fails.
+    ///
+    /// # Safety
+    /// As for [`alloc_in_place`](Self::alloc_in_place).
+    ///
+    /// ```
+    /// use proxalloc::{AllocError, ClassAllocator};
+    /// let huge = ClassAllocator::<[u8; 1 << 44]>::new("huge");
+    /// // SAFETY: `init` is never called, as the allocation fails.
+    /// let r = unsafe { huge.try_alloc_in_place(|_| unreachable!()) };
+    /// assert_eq!(r.err(), Some(AllocError));
+    /// ```
+    pub unsafe fn try_alloc_in_place(
+        &self,
+        init: impl FnOnce(&mut MaybeUninit<T>),
+    ) -> Result<Pooled<'_, T>, AllocError> {
+        let slot = self.alloc_raw()?;
         let guard = SlotGuard { alloc: self, slot };
         // SAFETY: valid, aligned memory for one `T`; `MaybeUninit` accepts any contents.
         init(unsafe { &mut *slot.as_ptr().cast::<MaybeUninit<T>>() });
         std::mem::forget(guard);
-        Pooled {
+        Ok(Pooled {
             ptr: slot,
             alloc: self,
             _owns: PhantomData,
-        }
+        })
     }
 
     /// Gives everything this thread caches and everything the depot caches back to the
@@ -378,7 +403,7 @@ impl<T> ClassAllocator<T> {
     /// });
     /// assert!(total > 0);
     /// ```
-    pub fn with_local<R>(&self, f: impl FnOnce(&mut LocalCache<'_, T>) -> R) -> R {
+    pub fn with_local<'a, R>(&'a self, f: impl FnOnce(&mut LocalCache<'a, T>) -> R) -> R {
         let e = self.engine_arc();
         let registered = match cache::lookup(e.slot(), e.instance()) {
             Lookup::Cache(c) => Some(c),
@@ -693,7 +718,7 @@ impl<'a, T> LocalCache<'a, T> {
     /// # Panics
     /// If `object` came from a different allocator.
     #[inline]
-    pub fn free(&mut self, object: Pooled<'a, T>) {
+    pub fn free(&mut self, object: Pooled<'_, T>) {
         assert!(
             std::ptr::eq(object.alloc, self.alloc),
             "proxalloc: object freed into a different allocator ({:?}) than its own ({:?})",

@@ -181,7 +181,12 @@ pub(crate) struct Depot {
 impl Depot {
     /// A depot for objects from `backing`, `capacity` objects per magazine, holding at
     /// most `budget_objects` free objects, with `generation_bits`-wide stack generations.
-    pub fn new(backing: Backing, capacity: usize, budget_objects: usize, generation_bits: u32) -> Self {
+    pub fn new(
+        backing: Backing,
+        capacity: usize,
+        budget_objects: usize,
+        generation_bits: u32,
+    ) -> Self {
         Depot {
             table: MagazineTable::new(capacity),
             full: MagazineStack::new(generation_bits),
@@ -247,7 +252,12 @@ impl Depot {
             if n > self.budget.saturating_sub(cur) {
                 return false;
             }
-            match self.cached.compare_exchange_weak(cur, cur + n, Ordering::Relaxed, Ordering::Relaxed) {
+            match self.cached.compare_exchange_weak(
+                cur,
+                cur + n,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return true,
                 Err(now) => cur = now,
             }
@@ -359,7 +369,7 @@ mod tests {
     }
 
     /// Fills a magazine from `depot` with fresh objects.
-    fn filled<'d>(depot: &'d Depot, n: usize) -> &'d Magazine {
+    fn filled(depot: &Depot, n: usize) -> &Magazine {
         let mag = depot.take_empty().unwrap();
         // SAFETY: owned here.
         unsafe {
@@ -479,7 +489,11 @@ mod tests {
         });
         let consumed: usize = taken.iter().map(Vec::len).sum();
         let trimmed = d.trim();
-        assert_eq!(consumed + trimmed, 2 * rounds * 4, "objects lost or duplicated");
+        assert_eq!(
+            consumed + trimmed,
+            2 * rounds * 4,
+            "objects lost or duplicated"
+        );
         assert_eq!(d.backing().allocs(), d.backing().frees());
         assert_eq!(d.backing().allocs(), (2 * rounds * 4) as u64);
     }

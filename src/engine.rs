@@ -64,14 +64,22 @@ impl Engine {
             config.mode
         };
         let capacity = config.magazine_capacity(layout.size());
-        let budget = config.depot_bytes.checked_div(layout.size()).unwrap_or(usize::MAX);
+        let budget = config
+            .depot_bytes
+            .checked_div(layout.size())
+            .unwrap_or(usize::MAX);
         let (slot, instance) = slots::claim();
         Engine {
             slot,
             instance,
             name,
             mode,
-            depot: Depot::new(Backing::new(layout), capacity, budget, config.generation_bits),
+            depot: Depot::new(
+                Backing::new(layout),
+                capacity,
+                budget,
+                config.generation_bits,
+            ),
             registry: Mutex::new(Registry {
                 alive: true,
                 caches: Vec::new(),
@@ -104,7 +112,7 @@ impl Engine {
     ///
     /// # Safety
     /// `mag` is a descriptor of this engine's table (descriptors live as long as it).
-    unsafe fn mag<'e>(&'e self, mag: NonNull<Magazine>) -> &'e Magazine {
+    unsafe fn mag(&self, mag: NonNull<Magazine>) -> &Magazine {
         // SAFETY: forwarded from the caller.
         unsafe { mag.as_ref() }
     }

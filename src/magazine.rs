@@ -126,11 +126,12 @@ impl MagazineTable {
     /// A new empty magazine with storage, owned by the caller; `None` when memory for
     /// the descriptor or its slots cannot be had.
     pub(crate) fn create(&self) -> Option<&Magazine> {
-        let index = self.claimed.fetch_add(1, Ordering::Relaxed);
-        if index >= NIL {
-            self.claimed.store(NIL, Ordering::Relaxed);
-            return None;
-        }
+        let index = self
+            .claimed
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < NIL).then_some(n + 1)
+            })
+            .ok()?;
         let (seg, off, seg_len) = locate(index);
         let mut base = self.segments[seg].load(Ordering::Acquire);
         if base.is_null() {
@@ -288,7 +289,11 @@ mod tests {
             let (seg, off, len) = locate(i);
             assert_eq!((seg, off), expect, "index {i}");
             assert_eq!(len, 1 << (seg as u32 + BASE_SHIFT));
-            expect = if off + 1 == len { (seg + 1, 0) } else { (seg, off + 1) };
+            expect = if off + 1 == len {
+                (seg + 1, 0)
+            } else {
+                (seg, off + 1)
+            };
         }
         let (seg, _, _) = locate(NIL - 1);
         assert!(seg < SEGMENTS);
