@@ -12,14 +12,15 @@ use crate::sync::{self, StatCounter};
 
 /// The backing allocator for objects of one layout, with counts of what it handed out.
 #[derive(Debug)]
-pub(crate) struct Backing {
+pub struct Backing {
     layout: Layout,
     allocs: StatCounter,
     frees: StatCounter,
 }
 
 impl Backing {
-    pub(crate) fn new(layout: Layout) -> Self {
+    /// A backing allocator for objects of `layout`.
+    pub fn new(layout: Layout) -> Self {
         Backing {
             layout,
             allocs: StatCounter::new(),
@@ -28,7 +29,7 @@ impl Backing {
     }
 
     /// One object's memory, or `None` when the global allocator fails.
-    pub(crate) fn alloc(&self) -> Option<NonNull<u8>> {
+    pub fn alloc(&self) -> Option<NonNull<u8>> {
         let p = if self.layout.size() == 0 {
             // Zero-sized objects need no memory, only a well-aligned non-null address.
             NonNull::new(std::ptr::without_provenance_mut(self.layout.align()))
@@ -44,7 +45,7 @@ impl Backing {
     ///
     /// # Safety
     /// `p` came from [`alloc`](Self::alloc) on this backing and is not used afterwards.
-    pub(crate) unsafe fn dealloc(&self, p: NonNull<u8>) {
+    pub unsafe fn dealloc(&self, p: NonNull<u8>) {
         if self.layout.size() != 0 {
             // SAFETY: by the caller's contract `p` was allocated with `self.layout`.
             unsafe { sync::dealloc(p.as_ptr(), self.layout) };
@@ -56,7 +57,7 @@ impl Backing {
     ///
     /// # Safety
     /// As for [`dealloc`](Self::dealloc), for each pointer.
-    pub(crate) unsafe fn dealloc_all(&self, objects: &[*mut u8]) {
+    pub unsafe fn dealloc_all(&self, objects: &[*mut u8]) {
         for &p in objects {
             // SAFETY: forwarded from the caller; slots of magazines are never null.
             unsafe { self.dealloc(NonNull::new_unchecked(p)) };
@@ -64,12 +65,12 @@ impl Backing {
     }
 
     /// Objects handed out so far.
-    pub(crate) fn allocs(&self) -> u64 {
+    pub fn allocs(&self) -> u64 {
         self.allocs.get()
     }
 
     /// Objects returned so far.
-    pub(crate) fn frees(&self) -> u64 {
+    pub fn frees(&self) -> u64 {
         self.frees.get()
     }
 }

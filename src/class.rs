@@ -123,44 +123,50 @@ impl<T> ClassAllocator<T> {
         self.engine().mode()
     }
 
+    /// The engine, created on first use. The pointer is the one `Arc::into_raw` gave
+    /// (with provenance over the whole `Arc` allocation, which `engine_arc` needs).
     #[cfg(not(loom))]
     #[inline(always)]
-    fn engine(&self) -> &Engine {
+    fn engine_ptr(&self) -> *const Engine {
         use crate::sync::Ordering;
         let p = self.engine.load(Ordering::Acquire);
         if p.is_null() {
             return self.init_engine();
         }
+        p
+    }
+
+    #[cfg(not(loom))]
+    #[inline(always)]
+    fn engine(&self) -> &Engine {
         // SAFETY: a published engine lives until this allocator is dropped.
-        unsafe { &*p }
+        unsafe { &*self.engine_ptr() }
     }
 
     #[cfg(not(loom))]
     #[cold]
-    fn init_engine(&self) -> &Engine {
+    fn init_engine(&self) -> *const Engine {
         use crate::sync::Ordering;
         let fresh = Arc::into_raw(Arc::new(Engine::new(
             self.name,
             Layout::new::<T>(),
             self.config,
         )));
-        // Release publishes the engine's fields to the Acquire load in `engine`.
+        // Release publishes the engine's fields to the Acquire load in `engine_ptr`.
         match self.engine.compare_exchange(
             std::ptr::null_mut(),
             fresh.cast_mut(),
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
-            // SAFETY: just published; lives until this allocator is dropped.
-            Ok(_) => unsafe { &*fresh },
+            Ok(_) => fresh,
             Err(winner) => {
                 // SAFETY: ours was never published or used: shut it down and free it.
                 unsafe {
                     let ours = Arc::from_raw(fresh);
                     ours.shutdown();
-                    drop(ours);
-                    &*winner
                 }
+                winner
             }
         }
     }
@@ -174,15 +180,16 @@ impl<T> ClassAllocator<T> {
     /// The engine as an `Arc` (borrowed: not counted), for registering a thread cache.
     #[cfg(not(loom))]
     fn engine_arc(&self) -> ManuallyDrop<Arc<Engine>> {
-        let e: *const Engine = self.engine();
+        let e = self.engine_ptr();
         // SAFETY: the allocator holds one strong count, made by `Arc::into_raw`, and the
         // result is never dropped, so that count is not given up.
         ManuallyDrop::new(unsafe { Arc::from_raw(e) })
     }
 
+    /// Under loom a counted clone (loom tracks every count, and this one is dropped).
     #[cfg(loom)]
-    fn engine_arc(&self) -> ManuallyDrop<Arc<Engine>> {
-        ManuallyDrop::new(self.engine.clone())
+    fn engine_arc(&self) -> Arc<Engine> {
+        self.engine.clone()
     }
 
     /// Allocates memory for one object (uninitialised), through this thread's cache.
@@ -208,7 +215,7 @@ impl<T> ClassAllocator<T> {
     fn alloc_cold(&self) -> Option<NonNull<u8>> {
         let e = self.engine_arc();
         if let Lookup::Unregistered = cache::lookup(e.slot(), e.instance()) {
-            if let Some(c) = e.register() {
+            if let Some(c) = Engine::register(&e) {
                 // SAFETY: just registered for this thread; no other reference is live.
                 let c = unsafe { &mut *c };
                 return c.pop().or_else(|| e.alloc_slow(c));
@@ -245,7 +252,7 @@ impl<T> ClassAllocator<T> {
     unsafe fn free_cold(&self, p: NonNull<u8>) {
         let e = self.engine_arc();
         if let Lookup::Unregistered = cache::lookup(e.slot(), e.instance()) {
-            if let Some(c) = e.register() {
+            if let Some(c) = Engine::register(&e) {
                 // SAFETY: just registered for this thread; no other reference is live.
                 let c = unsafe { &mut *c };
                 if !c.push(p) {
@@ -407,7 +414,7 @@ impl<T> ClassAllocator<T> {
         let e = self.engine_arc();
         let registered = match cache::lookup(e.slot(), e.instance()) {
             Lookup::Cache(c) => Some(c),
-            Lookup::Unregistered => e.register(),
+            Lookup::Unregistered => Engine::register(&e),
             Lookup::TornDown => None,
         };
         match registered {

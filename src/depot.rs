@@ -31,7 +31,7 @@ use crate::sync::{AtomicU64, AtomicUsize, Ordering, StatCounter};
 
 /// A lock-free stack of magazines, with a generation-tagged head.
 #[derive(Debug)]
-pub(crate) struct MagazineStack {
+pub struct MagazineStack {
     head: CachePadded<AtomicU64>,
     generation_mask: u32,
 }
@@ -136,7 +136,7 @@ impl MagazineStack {
 
 /// Walks a chain owned by the caller, yielding each magazine after reading its link (so
 /// the callback may push it elsewhere, which rewrites the link).
-pub(crate) fn for_each_in_chain<'t>(
+pub fn for_each_in_chain<'t>(
     table: &'t MagazineTable,
     first: &'t Magazine,
     mut f: impl FnMut(&'t Magazine),
@@ -166,7 +166,7 @@ pub(crate) struct DepotCounters {
 
 /// The shared level of one allocator.
 #[derive(Debug)]
-pub(crate) struct Depot {
+pub struct Depot {
     table: MagazineTable,
     full: MagazineStack,
     empty: MagazineStack,
@@ -198,6 +198,7 @@ impl Depot {
         }
     }
 
+    /// Where this depot's objects come from and go back to.
     pub fn backing(&self) -> &Backing {
         &self.backing
     }

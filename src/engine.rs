@@ -268,13 +268,13 @@ impl Engine {
     /// Creates, registers and installs a cache for this thread. `None` if thread-local
     /// storage is being torn down.
     #[cold]
-    pub(crate) fn register(self: &Arc<Self>) -> Option<*mut ThreadCache> {
+    pub(crate) fn register(engine: &Arc<Engine>) -> Option<*mut ThreadCache> {
         let cache = Box::into_raw(Box::new(ThreadCache::new(false)));
-        sync::lock(&self.registry).caches.push(cache);
-        if cache::install(self, cache) {
+        sync::lock(&engine.registry).caches.push(cache);
+        if cache::install(engine, cache) {
             return Some(cache);
         }
-        let mut reg = sync::lock(&self.registry);
+        let mut reg = sync::lock(&engine.registry);
         reg.caches.retain(|&c| c != cache);
         // SAFETY: never installed, and removed from the registry: owned here.
         drop(unsafe { Box::from_raw(cache) });

@@ -50,6 +50,6 @@ pub use stats::Stats;
 #[doc(hidden)]
 pub mod __loom {
     pub use crate::backing::Backing;
-    pub use crate::depot::{Depot, MagazineStack};
+    pub use crate::depot::{for_each_in_chain, Depot, MagazineStack};
     pub use crate::magazine::{Magazine, MagazineTable, NIL};
 }

@@ -17,7 +17,7 @@ use std::ptr::{self, NonNull};
 use crate::sync::{self, AtomicPtr, AtomicU32, Ordering, UnsafeCell};
 
 /// Index value that means "no magazine".
-pub(crate) const NIL: u32 = u32::MAX;
+pub const NIL: u32 = u32::MAX;
 
 /// The first segment holds `1 << BASE_SHIFT` descriptors; each next one twice as many.
 const BASE_SHIFT: u32 = if cfg!(loom) { 1 } else { 4 };
@@ -26,21 +26,21 @@ const SEGMENTS: usize = (33 - BASE_SHIFT) as usize;
 
 /// The free objects in a magazine: `slots[..len]` are valid object pointers.
 #[derive(Debug)]
-pub(crate) struct Rounds {
-    pub(crate) len: usize,
+pub struct Rounds {
+    pub len: usize,
     /// Array of `capacity` object pointers, or null when the magazine holds no storage
     /// (a new descriptor, or an empty magazine whose storage `trim` released).
-    pub(crate) slots: *mut *mut u8,
+    pub slots: *mut *mut u8,
 }
 
 /// A magazine descriptor.
 #[derive(Debug)]
-pub(crate) struct Magazine {
+pub struct Magazine {
     /// Link to the next magazine on a depot stack ([`NIL`] at the bottom). Written only
     /// by the magazine's owner just before it pushes; read by any popper.
-    pub(crate) next: AtomicU32,
+    pub next: AtomicU32,
     /// This descriptor's index in its table (immutable).
-    pub(crate) index: u32,
+    pub index: u32,
     rounds: UnsafeCell<Rounds>,
 }
 
@@ -50,7 +50,7 @@ impl Magazine {
     /// # Safety
     /// The caller owns the magazine (see the module docs).
     #[inline(always)]
-    pub(crate) unsafe fn with_rounds<R>(&self, f: impl FnOnce(&mut Rounds) -> R) -> R {
+    pub unsafe fn with_rounds<R>(&self, f: impl FnOnce(&mut Rounds) -> R) -> R {
         // SAFETY: the owner is the only thread that accesses the rounds, and the depot's
         // release/acquire hand-off orders its accesses after the previous owner's.
         self.rounds.with_mut(|r| f(unsafe { &mut *r }))
@@ -60,7 +60,7 @@ impl Magazine {
     ///
     /// # Safety
     /// As for [`with_rounds`](Self::with_rounds).
-    pub(crate) unsafe fn len(&self) -> usize {
+    pub unsafe fn len(&self) -> usize {
         // SAFETY: forwarded.
         unsafe { self.with_rounds(|r| r.len) }
     }
@@ -68,7 +68,7 @@ impl Magazine {
 
 /// Grow-only table of magazine descriptors, each with `capacity` slots.
 #[derive(Debug)]
-pub(crate) struct MagazineTable {
+pub struct MagazineTable {
     segments: [AtomicPtr<Magazine>; SEGMENTS],
     /// Descriptor indices handed out so far.
     claimed: AtomicU32,
@@ -92,7 +92,8 @@ fn slots_layout(capacity: usize) -> Layout {
 }
 
 impl MagazineTable {
-    pub(crate) fn new(capacity: usize) -> Self {
+    /// An empty table of magazines holding `capacity` objects each.
+    pub fn new(capacity: usize) -> Self {
         assert!(capacity > 0, "magazine capacity must be at least one");
         MagazineTable {
             segments: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
@@ -102,7 +103,7 @@ impl MagazineTable {
     }
 
     /// Objects each magazine holds when full.
-    pub(crate) fn capacity(&self) -> usize {
+    pub fn capacity(&self) -> usize {
         self.capacity
     }
 
@@ -112,7 +113,7 @@ impl MagazineTable {
     /// `index` was returned by [`create`](Self::create) on this table (in any thread;
     /// indices travel between threads only through release/acquire depot operations or
     /// in descriptors already reached that way).
-    pub(crate) unsafe fn get(&self, index: u32) -> &Magazine {
+    pub unsafe fn get(&self, index: u32) -> &Magazine {
         let (seg, off, _) = locate(index);
         // Acquire pairs with the Release CAS that installed the segment, so its
         // initialised descriptors are visible.
@@ -125,7 +126,7 @@ impl MagazineTable {
 
     /// A new empty magazine with storage, owned by the caller; `None` when memory for
     /// the descriptor or its slots cannot be had.
-    pub(crate) fn create(&self) -> Option<&Magazine> {
+    pub fn create(&self) -> Option<&Magazine> {
         let index = self
             .claimed
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
@@ -184,7 +185,7 @@ impl MagazineTable {
     ///
     /// # Safety
     /// The caller owns `mag`.
-    pub(crate) unsafe fn ensure_slots(&self, mag: &Magazine) -> bool {
+    pub unsafe fn ensure_slots(&self, mag: &Magazine) -> bool {
         // SAFETY: the caller owns `mag`.
         unsafe {
             mag.with_rounds(|r| {
@@ -200,7 +201,7 @@ impl MagazineTable {
     ///
     /// # Safety
     /// The caller owns `mag`, and it holds no objects.
-    pub(crate) unsafe fn release_slots(&self, mag: &Magazine) {
+    pub unsafe fn release_slots(&self, mag: &Magazine) {
         // SAFETY: the caller owns `mag`.
         unsafe {
             mag.with_rounds(|r| {
@@ -241,7 +242,7 @@ impl MagazineTable {
     ///
     /// # Safety
     /// No other thread uses the table or any of its magazines any more.
-    pub(crate) unsafe fn for_each_magazine(&self, mut f: impl FnMut(&Magazine)) {
+    pub unsafe fn for_each_magazine(&self, mut f: impl FnMut(&Magazine)) {
         for (seg, slot) in self.segments.iter().enumerate() {
             let base = slot.load(Ordering::Acquire);
             if base.is_null() {
@@ -273,7 +274,7 @@ impl Drop for MagazineTable {
 /// # Safety
 /// `slots` points to an array with at least `i + 1` initialised entries.
 #[inline(always)]
-pub(crate) unsafe fn slot(slots: *mut *mut u8, i: usize) -> NonNull<u8> {
+pub unsafe fn slot(slots: *mut *mut u8, i: usize) -> NonNull<u8> {
     // SAFETY: slots hold only pointers from the backing allocator, never null.
     unsafe { NonNull::new_unchecked(*slots.add(i)) }
 }
