@@ -17,6 +17,8 @@ use crate::sync::{self, Arc, StatCounter};
 /// other threads read the counters (atomics) under the allocator's registry lock.
 #[derive(Debug)]
 pub(crate) struct ThreadCache {
+    /// Instance number of the engine this cache belongs to (immutable).
+    pub(crate) instance: u64,
     /// Slot array of the loaded magazine (dangling when `cap == 0`).
     slots: *mut *mut u8,
     /// Objects in the loaded magazine.
@@ -40,8 +42,9 @@ pub(crate) struct ThreadCache {
 }
 
 impl ThreadCache {
-    pub(crate) const fn new(detached: bool) -> Self {
+    pub(crate) const fn new(instance: u64, detached: bool) -> Self {
         ThreadCache {
+            instance,
             slots: ptr::null_mut(),
             len: 0,
             cap: 0,
@@ -171,45 +174,66 @@ impl Drop for Pin {
     }
 }
 
-/// One entry of a thread's cache table: the cache of the allocator instance that holds
-/// this table slot.
-#[derive(Clone, Copy, Debug)]
-struct Entry {
-    instance: u64,
-    cache: *mut ThreadCache,
-}
+/// Slots below this are looked up in an inline array in the thread-local block (one
+/// load); higher ones in a heap vector (a cold path).
+const FAST_SLOTS: usize = 32;
 
 /// A thread's caches, indexed by the dense slot number of each allocator it has used.
+///
+/// The table owns its caches: it frees them at thread exit, on `release_thread_cache`,
+/// and when a slot passes to a new allocator. So a stale pointer (left by an allocator
+/// that was dropped) is still a valid cache, and the instance compare in [`lookup`] may
+/// read it.
 struct LocalCaches {
-    entries: UnsafeCell<Vec<Entry>>,
-    /// The engine of each entry, kept alive so the thread-exit flush can reach it (or see
-    /// that its allocator is gone).
-    owners: UnsafeCell<Vec<Option<Arc<Engine>>>>,
+    fast: UnsafeCell<[*mut ThreadCache; FAST_SLOTS]>,
+    /// Caches of slots `FAST_SLOTS..`, at `slot - FAST_SLOTS`.
+    more: UnsafeCell<Vec<*mut ThreadCache>>,
+    /// Per slot: the cache and its engine, kept alive so the thread-exit flush can reach
+    /// it (or see that its allocator is gone).
+    owned: UnsafeCell<Vec<Option<(*mut ThreadCache, Arc<Engine>)>>>,
 }
 
 impl LocalCaches {
-    fn new() -> Self {
+    const fn new() -> Self {
         LocalCaches {
-            entries: UnsafeCell::new(Vec::new()),
-            owners: UnsafeCell::new(Vec::new()),
+            fast: UnsafeCell::new([ptr::null_mut(); FAST_SLOTS]),
+            more: UnsafeCell::new(Vec::new()),
+            owned: UnsafeCell::new(Vec::new()),
+        }
+    }
+
+    /// Points slot `slot`'s lookup entry at `cache` (null to clear it).
+    ///
+    /// # Safety
+    /// Called by the owning thread, with no reference into the table live.
+    unsafe fn set_entry(&self, slot: usize, cache: *mut ThreadCache) {
+        if slot < FAST_SLOTS {
+            // SAFETY: per the caller's contract.
+            unsafe { (*self.fast.get())[slot] = cache };
+        } else {
+            // SAFETY: per the caller's contract.
+            let more = unsafe { &mut *self.more.get() };
+            if more.len() <= slot - FAST_SLOTS {
+                more.resize(slot - FAST_SLOTS + 1, ptr::null_mut());
+            }
+            more[slot - FAST_SLOTS] = cache;
         }
     }
 }
 
 impl Drop for LocalCaches {
     fn drop(&mut self) {
-        let owners = std::mem::take(self.owners.get_mut());
-        for (entry, owner) in self.entries.get_mut().iter().zip(owners) {
-            if let Some(engine) = owner {
-                // SAFETY: the cache was registered with this engine by this thread,
-                // which is exiting and will not use it again.
-                unsafe { engine.retire_cache(entry.cache) };
-            }
+        for (cache, engine) in std::mem::take(self.owned.get_mut()).into_iter().flatten() {
+            // SAFETY: the cache was registered with this engine by this thread, which is
+            // exiting and will not use it again.
+            unsafe { engine.retire_cache(cache) };
+            // SAFETY: the table owns its caches; nobody else references it any more.
+            drop(unsafe { Box::from_raw(cache) });
         }
     }
 }
 
-sync::thread_local! {
+sync::const_thread_local! {
     static LOCAL: LocalCaches = LocalCaches::new();
 }
 
@@ -223,66 +247,77 @@ pub(crate) enum Lookup {
     TornDown,
 }
 
-/// Finds this thread's cache for `engine`: one TLS access, a bounds check and a compare.
+/// Finds this thread's cache for the allocator `(slot, instance)`: one TLS access, a
+/// bounds check, one load and a compare.
 #[inline(always)]
 pub(crate) fn lookup(slot: u32, instance: u64) -> Lookup {
     LOCAL
         .try_with(|local| {
-            // SAFETY: the table is touched only by this thread, and never re-entrantly
-            // while a reference into it is live.
-            let entries = unsafe { &*local.entries.get() };
-            match entries.get(slot as usize) {
-                Some(e) if e.instance == instance => Lookup::Cache(e.cache),
-                _ => Lookup::Unregistered,
+            let slot = slot as usize;
+            let cache = if slot < FAST_SLOTS {
+                // SAFETY: the table is touched only by this thread, and never
+                // re-entrantly while a reference into it is live.
+                unsafe { (*local.fast.get())[slot] }
+            } else {
+                lookup_more(local, slot)
+            };
+            // SAFETY: a non-null entry is a cache owned by this table (see
+            // `LocalCaches`), so reading its instance is valid even if it is stale.
+            if !cache.is_null() && unsafe { (*cache).instance } == instance {
+                Lookup::Cache(cache)
+            } else {
+                Lookup::Unregistered
             }
         })
         .unwrap_or(Lookup::TornDown)
 }
 
-/// Installs `cache` as this thread's cache for `engine`; false if thread-local storage
-/// is gone (the caller then keeps ownership of `cache`).
+#[cold]
+fn lookup_more(local: &LocalCaches, slot: usize) -> *mut ThreadCache {
+    // SAFETY: as in `lookup`.
+    let more = unsafe { &*local.more.get() };
+    more.get(slot.wrapping_sub(FAST_SLOTS))
+        .copied()
+        .unwrap_or(ptr::null_mut())
+}
+
+/// Installs `cache` (created for `engine` by this thread) in this thread's table, which
+/// takes ownership of it; false if thread-local storage is gone (the caller keeps it).
 pub(crate) fn install(engine: &Arc<Engine>, cache: *mut ThreadCache) -> bool {
     LOCAL
         .try_with(|local| {
-            // SAFETY: this thread's table, no other reference into it is live.
-            let (entries, owners) =
-                unsafe { (&mut *local.entries.get(), &mut *local.owners.get()) };
             let slot = engine.slot() as usize;
-            if entries.len() <= slot {
-                let empty = Entry {
-                    instance: 0,
-                    cache: ptr::null_mut(),
-                };
-                entries.resize(slot + 1, empty);
-                owners.resize_with(slot + 1, || None);
+            // SAFETY: this thread's table, no other reference into it is live.
+            let owned = unsafe { &mut *local.owned.get() };
+            if owned.len() <= slot {
+                owned.resize_with(slot + 1, || None);
             }
-            // A previous owner of the slot was dropped (slots are reused only then), and
-            // its drop already freed this thread's cache for it.
-            entries[slot] = Entry {
-                instance: engine.instance(),
-                cache,
-            };
-            owners[slot] = Some(engine.clone());
+            // A previous owner of the slot was dropped (slots are reused only then); its
+            // shutdown already emptied this thread's cache for it.
+            if let Some((old, _old_engine)) = owned[slot].replace((cache, engine.clone())) {
+                // SAFETY: owned by this table and detached from its dead engine.
+                drop(unsafe { Box::from_raw(old) });
+            }
+            // SAFETY: this thread's table; the `owned` borrow is not used past here.
+            unsafe { local.set_entry(slot, cache) };
         })
         .is_ok()
 }
 
-/// Removes this thread's cache for `engine` from the table and returns it.
+/// Removes this thread's cache for `engine` from the table and returns it; the caller
+/// owns it from then on.
 pub(crate) fn uninstall(engine: &Engine) -> Option<*mut ThreadCache> {
     LOCAL
         .try_with(|local| {
-            // SAFETY: this thread's table, no other reference into it is live.
-            let (entries, owners) =
-                unsafe { (&mut *local.entries.get(), &mut *local.owners.get()) };
             let slot = engine.slot() as usize;
-            match entries.get_mut(slot) {
-                Some(e) if e.instance == engine.instance() => {
-                    let cache = e.cache;
-                    e.instance = 0;
-                    e.cache = ptr::null_mut();
-                    // The engine is still referenced by its allocator (the caller holds
-                    // it), so this is not the last reference.
-                    owners[slot] = None;
+            // SAFETY: this thread's table, no other reference into it is live.
+            let owned = unsafe { &mut *local.owned.get() };
+            match owned.get_mut(slot) {
+                // SAFETY: a cache in the table is a valid cache.
+                Some(Some((cache, _))) if unsafe { (**cache).instance } == engine.instance() => {
+                    let (cache, _engine) = owned[slot].take().expect("checked above");
+                    // SAFETY: this thread's table; `owned` is not used past here.
+                    unsafe { local.set_entry(slot, ptr::null_mut()) };
                     Some(cache)
                 }
                 _ => None,

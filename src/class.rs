@@ -63,6 +63,13 @@ pub struct ClassAllocator<T> {
     config: Config,
     #[cfg(not(loom))]
     engine: crate::sync::AtomicPtr<Engine>,
+    /// Copies of the engine's slot and instance numbers, so the fast paths find the
+    /// thread's cache without touching the engine. Only hints: until they are set they
+    /// match no cache, and a mismatch takes the cold path, which uses the engine's own.
+    #[cfg(not(loom))]
+    slot_hint: crate::sync::AtomicU32,
+    #[cfg(not(loom))]
+    instance_hint: crate::sync::AtomicU64,
     #[cfg(loom)]
     engine: Arc<Engine>,
     _type: PhantomData<fn(T) -> T>,
@@ -85,6 +92,8 @@ impl<T> ClassAllocator<T> {
             name,
             config,
             engine: crate::sync::AtomicPtr::new(std::ptr::null_mut()),
+            slot_hint: crate::sync::AtomicU32::new(u32::MAX),
+            instance_hint: crate::sync::AtomicU64::new(0),
             _type: PhantomData,
         }
     }
@@ -159,7 +168,13 @@ impl<T> ClassAllocator<T> {
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
-            Ok(_) => fresh,
+            Ok(_) => {
+                // SAFETY: just published; lives until this allocator is dropped.
+                let e = unsafe { &*fresh };
+                self.slot_hint.store(e.slot(), Ordering::Relaxed);
+                self.instance_hint.store(e.instance(), Ordering::Relaxed);
+                fresh
+            }
             Err(winner) => {
                 // SAFETY: ours was never published or used: shut it down and free it.
                 unsafe {
@@ -175,6 +190,23 @@ impl<T> ClassAllocator<T> {
     #[inline(always)]
     fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// This thread's cache, found without touching the engine.
+    #[cfg(not(loom))]
+    #[inline(always)]
+    fn lookup(&self) -> Lookup {
+        use crate::sync::Ordering;
+        cache::lookup(
+            self.slot_hint.load(Ordering::Relaxed),
+            self.instance_hint.load(Ordering::Relaxed),
+        )
+    }
+
+    #[cfg(loom)]
+    #[inline(always)]
+    fn lookup(&self) -> Lookup {
+        cache::lookup(self.engine.slot(), self.engine.instance())
     }
 
     /// The engine as an `Arc` (borrowed: not counted), for registering a thread cache.
@@ -195,14 +227,13 @@ impl<T> ClassAllocator<T> {
     /// Allocates memory for one object (uninitialised), through this thread's cache.
     #[inline]
     fn alloc_raw(&self) -> Result<NonNull<T>, AllocError> {
-        let e = self.engine();
-        let p = match cache::lookup(e.slot(), e.instance()) {
+        let p = match self.lookup() {
             Lookup::Cache(c) => {
                 // SAFETY: this thread's own cache; no other reference to it is live.
                 let c = unsafe { &mut *c };
                 match c.pop() {
                     Some(p) => Some(p),
-                    None => e.alloc_slow(c),
+                    None => self.engine().alloc_slow(c),
                 }
             }
             _ => self.alloc_cold(),
@@ -231,15 +262,14 @@ impl<T> ClassAllocator<T> {
     /// `p` came from this allocator and nobody uses it any more.
     #[inline]
     unsafe fn free_raw(&self, p: NonNull<T>) {
-        let e = self.engine();
         let p = p.cast::<u8>();
-        match cache::lookup(e.slot(), e.instance()) {
+        match self.lookup() {
             Lookup::Cache(c) => {
                 // SAFETY: this thread's own cache; no other reference to it is live.
                 let c = unsafe { &mut *c };
                 if !c.push(p) {
                     // SAFETY: forwarded from the caller.
-                    unsafe { e.free_slow(c, p) };
+                    unsafe { self.engine().free_slow(c, p) };
                 }
             }
             // SAFETY: forwarded from the caller.
@@ -432,7 +462,7 @@ impl<T> ClassAllocator<T> {
                 // backing allocator, whose counters are kept even if `f` unwinds.
                 let mut stand_in = StandIn {
                     engine: &e,
-                    cache: ThreadCache::new(true),
+                    cache: ThreadCache::new(e.instance(), true),
                 };
                 f(&mut LocalCache {
                     alloc: self,

@@ -269,7 +269,7 @@ impl Engine {
     /// storage is being torn down.
     #[cold]
     pub(crate) fn register(engine: &Arc<Engine>) -> Option<*mut ThreadCache> {
-        let cache = Box::into_raw(Box::new(ThreadCache::new(false)));
+        let cache = Box::into_raw(Box::new(ThreadCache::new(engine.instance, false)));
         sync::lock(&engine.registry).caches.push(cache);
         if cache::install(engine, cache) {
             return Some(cache);
@@ -284,7 +284,7 @@ impl Engine {
     /// Runs one allocation without a registered cache (thread-local teardown).
     #[cold]
     pub(crate) fn alloc_detached(&self) -> Option<NonNull<u8>> {
-        let mut c = ThreadCache::new(true);
+        let mut c = ThreadCache::new(self.instance, true);
         let p = self.alloc_slow(&mut c);
         self.fold(&c);
         p
@@ -296,14 +296,15 @@ impl Engine {
     /// As for [`free_slow`](Self::free_slow).
     #[cold]
     pub(crate) unsafe fn free_detached(&self, p: NonNull<u8>) {
-        let mut c = ThreadCache::new(true);
+        let mut c = ThreadCache::new(self.instance, true);
         // SAFETY: forwarded.
         unsafe { self.free_slow(&mut c, p) };
         self.fold(&c);
     }
 
-    /// Thread exit: flushes and frees this thread's `cache`, unless the allocator is gone
-    /// (then shutdown already freed it).
+    /// Thread exit (or release): unregisters this thread's `cache` and hands its
+    /// magazines to the depot, unless the allocator is gone (shutdown emptied it then).
+    /// The caller, the thread's cache table, frees the cache afterwards.
     ///
     /// # Safety
     /// `cache` was registered with this engine by the calling thread, which will not use
@@ -319,10 +320,10 @@ impl Engine {
         };
         reg.caches.swap_remove(pos);
         // SAFETY: removed from the registry under the lock, and its thread is done with
-        // it: owned here.
-        let mut c = unsafe { Box::from_raw(cache) };
-        self.flush(&mut c);
-        self.fold(&c);
+        // it.
+        let c = unsafe { &mut *cache };
+        self.flush(c);
+        self.fold(c);
     }
 
     /// Hands this thread's magazines to the depot and forgets this thread's cache
@@ -330,14 +331,19 @@ impl Engine {
     pub(crate) fn release_thread_cache(&self) {
         if let cache::Lookup::Cache(c) = cache::lookup(self.slot, self.instance) {
             // SAFETY: this thread's own cache; no reference to it is live here.
-            if unsafe { (*c).pinned() } {
-                self.flush(unsafe { &mut *c });
+            let c = unsafe { &mut *c };
+            if c.pinned() {
+                self.flush(c);
                 return;
             }
         }
         if let Some(cache) = cache::uninstall(self) {
-            // SAFETY: registered by this thread, now removed from its table.
-            unsafe { self.retire_cache(cache) };
+            // SAFETY: registered by this thread, now removed from its table, so owned
+            // here.
+            unsafe {
+                self.retire_cache(cache);
+                drop(Box::from_raw(cache));
+            }
         }
     }
 
@@ -360,12 +366,13 @@ impl Engine {
         let mut reg = sync::lock(&self.registry);
         reg.alive = false;
         for cache in reg.caches.drain(..) {
-            // SAFETY: registered caches are owned by the registry once their threads
-            // can no longer use the allocator.
-            let mut c = unsafe { Box::from_raw(cache) };
+            // SAFETY: registered caches stay allocated until their thread retires them
+            // under this lock, and no thread uses this allocator's caches any more. The
+            // emptied cache stays with its thread's table, which frees it.
+            let c = unsafe { &mut *cache };
             c.unload();
             c.take_previous();
-            self.fold(&c);
+            self.fold(c);
         }
         // SAFETY: no cache holds magazines any more and no thread uses the depot.
         unsafe { self.depot.release_everything() };

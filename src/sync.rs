@@ -17,7 +17,15 @@ mod imp {
     pub(crate) use loom::cell::UnsafeCell;
     pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
     pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
-    pub(crate) use loom::thread_local;
+
+    /// A thread-local with a `const` initialiser under std; loom's macro takes no
+    /// `const` block, so the same declaration is initialised lazily there.
+    macro_rules! const_thread_local {
+        (static $name:ident: $t:ty = $init:expr;) => {
+            loom::thread_local! { static $name: $t = $init; }
+        };
+    }
+    pub(crate) use const_thread_local;
 }
 
 #[cfg(not(loom))]
@@ -25,7 +33,14 @@ mod imp {
     pub(crate) use std::alloc::{alloc, dealloc};
     pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
     pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
-    pub(crate) use std::thread_local;
+
+    /// A thread-local with a `const` initialiser (see the loom twin).
+    macro_rules! const_thread_local {
+        (static $name:ident: $t:ty = $init:expr;) => {
+            std::thread_local! { static $name: $t = const { $init }; }
+        };
+    }
+    pub(crate) use const_thread_local;
 
     /// `std::cell::UnsafeCell` with loom's closure-based access API, so code written
     /// against the facade compiles unchanged for both.
