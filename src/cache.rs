@@ -14,8 +14,10 @@ use crate::magazine::{self, Magazine};
 use crate::sync::{self, Arc, StatCounter};
 
 /// One thread's cache for one allocator. Only its thread touches the magazine state;
-/// other threads read the counters (atomics) under the allocator's registry lock.
+/// other threads read the counters (atomics) under the allocator's registry lock. The
+/// fields the fast paths touch come first, in one cache line.
 #[derive(Debug)]
+#[repr(C, align(64))]
 pub(crate) struct ThreadCache {
     /// Instance number of the engine this cache belongs to (immutable).
     pub(crate) instance: u64,
@@ -37,7 +39,7 @@ pub(crate) struct ThreadCache {
     /// True for a stand-in cache used after thread-local teardown: its slow paths go
     /// straight to the backing allocator and it never holds magazines.
     pub(crate) detached: bool,
-    /// Live [`Pin`]s: while non-zero the cache must not be freed.
+    /// Live [`Pin`]s: while non-zero the cache must not be retired.
     pins: usize,
 }
 
@@ -153,7 +155,7 @@ impl ThreadCache {
     }
 }
 
-/// Keeps a thread's cache from being freed by `release_thread_cache` while a
+/// Keeps a thread's cache from being retired by `release_thread_cache` while a
 /// `LocalCache` points at it.
 pub(crate) struct Pin(*mut ThreadCache);
 
@@ -174,61 +176,121 @@ impl Drop for Pin {
     }
 }
 
-/// Slots below this are looked up in an inline array in the thread-local block (one
-/// load); higher ones in a heap vector (a cold path).
-const FAST_SLOTS: usize = 32;
+/// Instance number of an unused table entry (engines are numbered from 1).
+const EMPTY: u64 = 0;
+
+/// Allocators whose slot is below this keep this thread's cache inline in the
+/// thread-local block (`FAST_SLOTS * size_of::<ThreadCache>()` bytes per thread), so the
+/// fast paths reach it with no pointer chase; higher slots use boxed caches found
+/// through a vector (a cold path).
+const FAST_SLOTS: usize = 16;
 
 /// A thread's caches, indexed by the dense slot number of each allocator it has used.
 ///
-/// The table owns its caches: it frees them at thread exit, on `release_thread_cache`,
-/// and when a slot passes to a new allocator. So a stale pointer (left by an allocator
-/// that was dropped) is still a valid cache, and the instance compare in [`lookup`] may
-/// read it.
+/// The table owns its caches: it clears or frees them at thread exit, on
+/// `release_thread_cache`, and when a slot passes to a new allocator. So a stale entry
+/// (left by an allocator that was dropped) is still a valid cache whose instance number
+/// matches nobody, and [`lookup`] may read it.
 struct LocalCaches {
-    fast: UnsafeCell<[*mut ThreadCache; FAST_SLOTS]>,
-    /// Caches of slots `FAST_SLOTS..`, at `slot - FAST_SLOTS`.
+    fast: UnsafeCell<[ThreadCache; FAST_SLOTS]>,
+    /// Boxed caches of slots `FAST_SLOTS..`, at `slot - FAST_SLOTS` (null when none).
     more: UnsafeCell<Vec<*mut ThreadCache>>,
-    /// Per slot: the cache and its engine, kept alive so the thread-exit flush can reach
-    /// it (or see that its allocator is gone).
-    owned: UnsafeCell<Vec<Option<(*mut ThreadCache, Arc<Engine>)>>>,
+    /// Per slot: the engine of a registered cache, kept alive so the thread-exit flush
+    /// can reach it (or see that its allocator is gone).
+    owners: UnsafeCell<Vec<Option<Arc<Engine>>>>,
 }
 
 impl LocalCaches {
     const fn new() -> Self {
         LocalCaches {
-            fast: UnsafeCell::new([ptr::null_mut(); FAST_SLOTS]),
+            fast: UnsafeCell::new([const { ThreadCache::new(EMPTY, false) }; FAST_SLOTS]),
             more: UnsafeCell::new(Vec::new()),
-            owned: UnsafeCell::new(Vec::new()),
+            owners: UnsafeCell::new(Vec::new()),
         }
     }
 
-    /// Points slot `slot`'s lookup entry at `cache` (null to clear it).
+    /// The cache of `slot`, if it has one (in use or stale).
     ///
     /// # Safety
     /// Called by the owning thread, with no reference into the table live.
-    unsafe fn set_entry(&self, slot: usize, cache: *mut ThreadCache) {
+    unsafe fn cache(&self, slot: usize) -> *mut ThreadCache {
         if slot < FAST_SLOTS {
+            // SAFETY: in bounds of the inline array.
+            unsafe { self.fast.get().cast::<ThreadCache>().add(slot) }
+        } else {
             // SAFETY: per the caller's contract.
-            unsafe { (*self.fast.get())[slot] = cache };
+            let more = unsafe { &*self.more.get() };
+            more.get(slot - FAST_SLOTS).copied().unwrap_or(ptr::null_mut())
+        }
+    }
+
+    /// A fresh cache for `engine` in its slot, replacing a stale one.
+    ///
+    /// # Safety
+    /// As for [`cache`](Self::cache).
+    unsafe fn create(&self, engine: &Arc<Engine>) -> *mut ThreadCache {
+        let slot = engine.slot() as usize;
+        let fresh = ThreadCache::new(engine.instance(), false);
+        // SAFETY: per the caller's contract.
+        let owners = unsafe { &mut *self.owners.get() };
+        if owners.len() <= slot {
+            owners.resize_with(slot + 1, || None);
+        }
+        // A previous owner of the slot was dropped (slots are reused only then); its
+        // shutdown already emptied this thread's cache for it, which is overwritten here.
+        owners[slot] = Some(engine.clone());
+        if slot < FAST_SLOTS {
+            // SAFETY: as in `cache`; the old value holds nothing that needs dropping.
+            unsafe {
+                let c = self.cache(slot);
+                c.write(fresh);
+                c
+            }
         } else {
             // SAFETY: per the caller's contract.
             let more = unsafe { &mut *self.more.get() };
             if more.len() <= slot - FAST_SLOTS {
                 more.resize(slot - FAST_SLOTS + 1, ptr::null_mut());
             }
-            more[slot - FAST_SLOTS] = cache;
+            let entry = &mut more[slot - FAST_SLOTS];
+            if entry.is_null() {
+                *entry = Box::into_raw(Box::new(fresh));
+            } else {
+                // SAFETY: a boxed cache owned by this table.
+                unsafe { entry.write(fresh) };
+            }
+            *entry
+        }
+    }
+
+    /// Retires the cache of `slot` with its engine and marks the entry unused.
+    ///
+    /// # Safety
+    /// As for [`cache`](Self::cache).
+    unsafe fn retire(&self, slot: usize) {
+        // SAFETY: per the caller's contract.
+        let owners = unsafe { &mut *self.owners.get() };
+        let Some(engine) = owners.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        // SAFETY: per the caller's contract; a registered cache is valid.
+        unsafe {
+            let c = self.cache(slot);
+            engine.retire_cache(c);
+            (*c).instance = EMPTY;
         }
     }
 }
 
 impl Drop for LocalCaches {
     fn drop(&mut self) {
-        for (cache, engine) in std::mem::take(self.owned.get_mut()).into_iter().flatten() {
-            // SAFETY: the cache was registered with this engine by this thread, which is
-            // exiting and will not use it again.
-            unsafe { engine.retire_cache(cache) };
-            // SAFETY: the table owns its caches; nobody else references it any more.
-            drop(unsafe { Box::from_raw(cache) });
+        for slot in 0..self.owners.get_mut().len() {
+            // SAFETY: the thread is exiting; nothing else references the table.
+            unsafe { self.retire(slot) };
+        }
+        for c in self.more.get_mut().drain(..).filter(|c| !c.is_null()) {
+            // SAFETY: boxed caches owned by this table, retired above.
+            drop(unsafe { Box::from_raw(c) });
         }
     }
 }
@@ -248,22 +310,21 @@ pub(crate) enum Lookup {
 }
 
 /// Finds this thread's cache for the allocator `(slot, instance)`: one TLS access, a
-/// bounds check, one load and a compare.
+/// bounds check and a compare of the instance, in the same cache line as the cache's
+/// fast-path fields.
 #[inline(always)]
 pub(crate) fn lookup(slot: u32, instance: u64) -> Lookup {
     LOCAL
         .try_with(|local| {
             let slot = slot as usize;
-            let cache = if slot < FAST_SLOTS {
-                // SAFETY: the table is touched only by this thread, and never
-                // re-entrantly while a reference into it is live.
-                unsafe { (*local.fast.get())[slot] }
-            } else {
-                lookup_more(local, slot)
-            };
-            // SAFETY: a non-null entry is a cache owned by this table (see
-            // `LocalCaches`), so reading its instance is valid even if it is stale.
-            if !cache.is_null() && unsafe { (*cache).instance } == instance {
+            if slot >= FAST_SLOTS {
+                return lookup_more(local, slot, instance);
+            }
+            // SAFETY: in bounds; entries are always valid caches, touched only by this
+            // thread and never re-entrantly while a reference to one is live.
+            let cache = unsafe { local.fast.get().cast::<ThreadCache>().add(slot) };
+            // SAFETY: as above.
+            if unsafe { (*cache).instance } == instance {
                 Lookup::Cache(cache)
             } else {
                 Lookup::Unregistered
@@ -273,58 +334,37 @@ pub(crate) fn lookup(slot: u32, instance: u64) -> Lookup {
 }
 
 #[cold]
-fn lookup_more(local: &LocalCaches, slot: usize) -> *mut ThreadCache {
+fn lookup_more(local: &LocalCaches, slot: usize, instance: u64) -> Lookup {
     // SAFETY: as in `lookup`.
-    let more = unsafe { &*local.more.get() };
-    more.get(slot.wrapping_sub(FAST_SLOTS))
-        .copied()
-        .unwrap_or(ptr::null_mut())
+    let cache = unsafe { local.cache(slot) };
+    // SAFETY: a non-null entry is a boxed cache owned by the table.
+    if !cache.is_null() && unsafe { (*cache).instance } == instance {
+        Lookup::Cache(cache)
+    } else {
+        Lookup::Unregistered
+    }
 }
 
-/// Installs `cache` (created for `engine` by this thread) in this thread's table, which
-/// takes ownership of it; false if thread-local storage is gone (the caller keeps it).
-pub(crate) fn install(engine: &Arc<Engine>, cache: *mut ThreadCache) -> bool {
-    LOCAL
-        .try_with(|local| {
-            let slot = engine.slot() as usize;
-            // SAFETY: this thread's table, no other reference into it is live.
-            let owned = unsafe { &mut *local.owned.get() };
-            if owned.len() <= slot {
-                owned.resize_with(slot + 1, || None);
-            }
-            // A previous owner of the slot was dropped (slots are reused only then); its
-            // shutdown already emptied this thread's cache for it.
-            if let Some((old, _old_engine)) = owned[slot].replace((cache, engine.clone())) {
-                // SAFETY: owned by this table and detached from its dead engine.
-                drop(unsafe { Box::from_raw(old) });
-            }
-            // SAFETY: this thread's table; the `owned` borrow is not used past here.
-            unsafe { local.set_entry(slot, cache) };
-        })
-        .is_ok()
+/// Creates this thread's cache for `engine` (which must have none) in the thread's
+/// table; `None` if thread-local storage is gone.
+pub(crate) fn install(engine: &Arc<Engine>) -> Option<*mut ThreadCache> {
+    // SAFETY: this thread's table; no reference into it is live.
+    LOCAL.try_with(|local| unsafe { local.create(engine) }).ok()
 }
 
-/// Removes this thread's cache for `engine` from the table and returns it; the caller
-/// owns it from then on.
-pub(crate) fn uninstall(engine: &Engine) -> Option<*mut ThreadCache> {
-    LOCAL
-        .try_with(|local| {
-            let slot = engine.slot() as usize;
-            // SAFETY: this thread's table, no other reference into it is live.
-            let owned = unsafe { &mut *local.owned.get() };
-            match owned.get_mut(slot) {
-                // SAFETY: a cache in the table is a valid cache.
-                Some(Some((cache, _))) if unsafe { (**cache).instance } == engine.instance() => {
-                    let (cache, _engine) = owned[slot].take().expect("checked above");
-                    // SAFETY: this thread's table; `owned` is not used past here.
-                    unsafe { local.set_entry(slot, ptr::null_mut()) };
-                    Some(cache)
-                }
-                _ => None,
+/// Retires this thread's cache for `engine` (its magazines go to the depot) and frees
+/// its table entry for reuse.
+pub(crate) fn uninstall(engine: &Engine) {
+    let _ = LOCAL.try_with(|local| {
+        let slot = engine.slot() as usize;
+        // SAFETY: this thread's table; no reference into it is live.
+        unsafe {
+            let c = local.cache(slot);
+            if !c.is_null() && (*c).instance == engine.instance() {
+                local.retire(slot);
             }
-        })
-        .ok()
-        .flatten()
+        }
+    });
 }
 
 /// Dense slot numbers for allocators, reused after an allocator is dropped, and unique

@@ -93,7 +93,7 @@ impl<T> ClassAllocator<T> {
             config,
             engine: crate::sync::AtomicPtr::new(std::ptr::null_mut()),
             slot_hint: crate::sync::AtomicU32::new(u32::MAX),
-            instance_hint: crate::sync::AtomicU64::new(0),
+            instance_hint: crate::sync::AtomicU64::new(u64::MAX),
             _type: PhantomData,
         }
     }
@@ -225,7 +225,7 @@ impl<T> ClassAllocator<T> {
     }
 
     /// Allocates memory for one object (uninitialised), through this thread's cache.
-    #[inline]
+    #[inline(always)]
     fn alloc_raw(&self) -> Result<NonNull<T>, AllocError> {
         let p = match self.lookup() {
             Lookup::Cache(c) => {
@@ -260,7 +260,7 @@ impl<T> ClassAllocator<T> {
     ///
     /// # Safety
     /// `p` came from this allocator and nobody uses it any more.
-    #[inline]
+    #[inline(always)]
     unsafe fn free_raw(&self, p: NonNull<T>) {
         let p = p.cast::<u8>();
         match self.lookup() {
@@ -301,7 +301,7 @@ impl<T> ClassAllocator<T> {
     /// # Panics
     /// If the backing allocator fails (see [`try_alloc`](Self::try_alloc)), through
     /// [`std::alloc::handle_alloc_error`].
-    #[inline]
+    #[inline(always)]
     pub fn alloc(&self, value: T) -> Pooled<'_, T> {
         self.alloc_with(|| value)
     }
@@ -310,7 +310,7 @@ impl<T> ClassAllocator<T> {
     /// into the object's memory.
     ///
     /// If `init` panics, the memory goes back to the cache and the panic continues.
-    #[inline]
+    #[inline(always)]
     pub fn alloc_with(&self, init: impl FnOnce() -> T) -> Pooled<'_, T> {
         match self.try_alloc_with(init) {
             Ok(h) => h,
@@ -334,7 +334,7 @@ impl<T> ClassAllocator<T> {
     /// let name = NAMES.try_alloc_with(|| "proxalloc".to_string()).expect("out of memory");
     /// assert_eq!(*name, "proxalloc");
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn try_alloc_with(&self, init: impl FnOnce() -> T) -> Result<Pooled<'_, T>, AllocError> {
         let slot = self.alloc_raw()?;
         // Returns the slot if `init` unwinds.
@@ -527,6 +527,7 @@ struct SlotGuard<'a, T> {
 }
 
 impl<T> Drop for SlotGuard<'_, T> {
+    #[inline(always)]
     fn drop(&mut self) {
         // SAFETY: the slot came from `alloc` and holds no value.
         unsafe { self.alloc.free_raw(self.slot) };
@@ -605,16 +606,20 @@ impl<'a, T> Pooled<'a, T> {
 }
 
 impl<T> Drop for Pooled<'_, T> {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
-        // Recycles the slot even if `T::drop` unwinds.
-        let guard = SlotGuard {
-            alloc: self.alloc,
-            slot: self.ptr,
-        };
-        // SAFETY: the handle owns an initialised value, dropped exactly once here.
-        unsafe { self.ptr.as_ptr().drop_in_place() };
-        drop(guard);
+        if std::mem::needs_drop::<T>() {
+            // Recycles the slot even if `T::drop` unwinds.
+            let guard = SlotGuard {
+                alloc: self.alloc,
+                slot: self.ptr,
+            };
+            // SAFETY: the handle owns an initialised value, dropped exactly once here.
+            unsafe { self.ptr.as_ptr().drop_in_place() };
+            std::mem::forget(guard);
+        }
+        // SAFETY: the slot came from `alloc` and its value is gone.
+        unsafe { self.alloc.free_raw(self.ptr) };
     }
 }
 

@@ -265,20 +265,13 @@ impl Engine {
         self.retired.frees.add_shared(c.frees.get());
     }
 
-    /// Creates, registers and installs a cache for this thread. `None` if thread-local
-    /// storage is being torn down.
+    /// Creates and registers a cache for this thread. `None` if thread-local storage is
+    /// being torn down.
     #[cold]
     pub(crate) fn register(engine: &Arc<Engine>) -> Option<*mut ThreadCache> {
-        let cache = Box::into_raw(Box::new(ThreadCache::new(engine.instance, false)));
+        let cache = cache::install(engine)?;
         sync::lock(&engine.registry).caches.push(cache);
-        if cache::install(engine, cache) {
-            return Some(cache);
-        }
-        let mut reg = sync::lock(&engine.registry);
-        reg.caches.retain(|&c| c != cache);
-        // SAFETY: never installed, and removed from the registry: owned here.
-        drop(unsafe { Box::from_raw(cache) });
-        None
+        Some(cache)
     }
 
     /// Runs one allocation without a registered cache (thread-local teardown).
@@ -304,11 +297,11 @@ impl Engine {
 
     /// Thread exit (or release): unregisters this thread's `cache` and hands its
     /// magazines to the depot, unless the allocator is gone (shutdown emptied it then).
-    /// The caller, the thread's cache table, frees the cache afterwards.
+    /// The cache's memory belongs to its thread's table.
     ///
     /// # Safety
     /// `cache` was registered with this engine by the calling thread, which will not use
-    /// it again.
+    /// it again for this engine.
     pub(crate) unsafe fn retire_cache(&self, cache: *mut ThreadCache) {
         let mut reg = sync::lock(&self.registry);
         if !reg.alive {
@@ -337,14 +330,7 @@ impl Engine {
                 return;
             }
         }
-        if let Some(cache) = cache::uninstall(self) {
-            // SAFETY: registered by this thread, now removed from its table, so owned
-            // here.
-            unsafe {
-                self.retire_cache(cache);
-                drop(Box::from_raw(cache));
-            }
-        }
+        cache::uninstall(self);
     }
 
     /// Flushes this thread's cache to the depot, then gives everything the depot caches
