@@ -12,31 +12,48 @@ use common::*;
 struct Row {
     name: &'static str,
     peer: bool,
+    run: fn(u64),
     samples: Vec<f64>,
 }
 
-fn row<C: Contender>(peer: bool) -> (Row, fn(u64), fn(u64)) {
-    (
-        Row {
-            name: C::NAME,
-            peer,
-            samples: Vec::new(),
-        },
-        C::w1,
-        C::w2,
-    )
+/// Rows for W1 and W2 of one contender.
+fn rows<C: Contender>(peer: bool) -> [Row; 2] {
+    let row = |run| Row {
+        name: C::NAME,
+        peer,
+        run,
+        samples: Vec::new(),
+    };
+    [row(C::w1), row(C::w2)]
 }
 
 fn report(title: &str, rows: &[Row]) {
     let min = |r: &Row| r.samples.iter().copied().fold(f64::INFINITY, f64::min);
-    let lower = rows.iter().find(|r| r.name == "lower-bound").map(min).unwrap();
-    let best_peer = rows.iter().filter(|r| r.peer).map(min).fold(f64::INFINITY, f64::min);
-    println!("\n{title} (min of {} interleaved samples, ns per operation)", rows[0].samples.len());
+    let lower = rows
+        .iter()
+        .find(|r| r.name == "lower-bound")
+        .map(min)
+        .unwrap();
+    let best_peer = rows
+        .iter()
+        .filter(|r| r.peer)
+        .map(min)
+        .fold(f64::INFINITY, f64::min);
+    println!(
+        "\n{title} (min of {} interleaved samples, ns per operation)",
+        rows[0].samples.len()
+    );
     println!("| contender | ns/op | vs lower bound | vs best peer |");
     println!("| --- | ---: | ---: | ---: |");
     for r in rows {
         let m = min(r);
-        println!("| {} | {:.2} | {:.2}x | {:.2}x |", r.name, m, m / lower, m / best_peer);
+        println!(
+            "| {} | {:.2} | {:.2}x | {:.2}x |",
+            r.name,
+            m,
+            m / lower,
+            m / best_peer
+        );
     }
 }
 
@@ -47,32 +64,36 @@ fn main() {
         .unwrap_or(200);
     let mut w1_rows = Vec::new();
     let mut w2_rows = Vec::new();
-    let mut fns = Vec::new();
-    for (r, f1, f2) in [
-        row::<LowerBound>(false),
-        row::<Proxalloc>(false),
-        row::<ProxallocLocal>(false),
-        row::<DepotOnly>(false),
-        row::<SystemBox>(true),
-        row::<Mimalloc>(true),
+    for [w1, w2] in [
+        rows::<LowerBound>(false),
+        rows::<Proxalloc>(false),
+        rows::<ProxallocLocal>(false),
+        rows::<DepotOnly>(false),
+        rows::<SystemBox>(true),
+        rows::<Mimalloc>(true),
     ] {
-        w1_rows.push(Row { samples: Vec::new(), ..r });
-        w2_rows.push(Row { samples: Vec::new(), ..r });
-        fns.push((f1, f2));
+        w1_rows.push(w1);
+        w2_rows.push(w2);
     }
     const W1_ITERS: u64 = 20_000;
     const W2_ROUNDS: u64 = 20;
     // Warm every contender's caches first.
-    for (f1, f2) in &fns {
-        f1(W1_ITERS);
-        f2(W2_ROUNDS);
+    for (w1, w2) in w1_rows.iter().zip(&w2_rows) {
+        (w1.run)(W1_ITERS);
+        (w2.run)(W2_ROUNDS);
     }
     for _ in 0..rounds {
-        for (i, (f1, f2)) in fns.iter().enumerate() {
-            w1_rows[i].samples.push(time(|| f1(W1_ITERS)) / W1_ITERS as f64);
-            w2_rows[i].samples.push(time(|| f2(W2_ROUNDS)) / (W2_ROUNDS as f64 * BATCH as f64));
+        for (w1, w2) in w1_rows.iter_mut().zip(&mut w2_rows) {
+            let run = w1.run;
+            w1.samples.push(time(|| run(W1_ITERS)) / W1_ITERS as f64);
+            let run = w2.run;
+            w2.samples
+                .push(time(|| run(W2_ROUNDS)) / (W2_ROUNDS as f64 * BATCH as f64));
         }
     }
     report("W1 pair: alloc, write, free one 64 B object", &w1_rows);
-    report("W2 batch: 1024 live 64 B objects, then free all (per object: alloc + free)", &w2_rows);
+    report(
+        "W2 batch: 1024 live 64 B objects, then free all (per object: alloc + free)",
+        &w2_rows,
+    );
 }

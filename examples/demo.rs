@@ -80,7 +80,8 @@ fn run(a: &Allocators, workers: usize, duration: Duration) -> u64 {
                                 })
                             })
                             .collect();
-                        checksum = checksum.wrapping_add(headers.iter().map(|h| h.hash).sum::<u64>());
+                        checksum =
+                            checksum.wrapping_add(headers.iter().map(|h| h.hash).sum::<u64>());
                         served += 1;
                     }
                 }

@@ -6,7 +6,7 @@
 //! rules, which run only when the loaded magazine is empty (alloc) or full (free), are in
 //! `#[cold]` functions in [`engine`](crate::engine).
 
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::ptr::{self, NonNull};
 
 use crate::engine::Engine;
@@ -187,25 +187,38 @@ const FAST_SLOTS: usize = 16;
 
 /// A thread's caches, indexed by the dense slot number of each allocator it has used.
 ///
-/// The table owns its caches: it clears or frees them at thread exit, on
+/// The table owns its caches: it empties or frees them at thread exit, on
 /// `release_thread_cache`, and when a slot passes to a new allocator. So a stale entry
 /// (left by an allocator that was dropped) is still a valid cache whose instance number
 /// matches nobody, and [`lookup`] may read it.
-struct LocalCaches {
+///
+/// Off loom the table itself needs no destructor, so std gives the thread-local a
+/// `const` initialiser and no lazy-initialisation or liveness check: the fast paths
+/// address it directly. The thread-exit work is done by a separate thread-local,
+/// [`ExitHook`], armed when the thread registers its first cache.
+struct Table {
     fast: UnsafeCell<[ThreadCache; FAST_SLOTS]>,
-    /// Boxed caches of slots `FAST_SLOTS..`, at `slot - FAST_SLOTS` (null when none).
-    more: UnsafeCell<Vec<*mut ThreadCache>>,
-    /// Per slot: the engine of a registered cache, kept alive so the thread-exit flush
-    /// can reach it (or see that its allocator is gone).
-    owners: UnsafeCell<Vec<Option<Arc<Engine>>>>,
+    /// Everything else, boxed on first registration and freed at thread exit.
+    rest: Cell<*mut Rest>,
+    /// Set when the thread-exit teardown has run: no new cache may be registered.
+    torn_down: Cell<bool>,
 }
 
-impl LocalCaches {
+#[derive(Default)]
+struct Rest {
+    /// Boxed caches of slots `FAST_SLOTS..`, at `slot - FAST_SLOTS` (null when none).
+    more: Vec<*mut ThreadCache>,
+    /// Per slot: the engine of a registered cache, kept alive so the thread-exit flush
+    /// can reach it (or see that its allocator is gone).
+    owners: Vec<Option<Arc<Engine>>>,
+}
+
+impl Table {
     const fn new() -> Self {
-        LocalCaches {
+        Table {
             fast: UnsafeCell::new([const { ThreadCache::new(EMPTY, false) }; FAST_SLOTS]),
-            more: UnsafeCell::new(Vec::new()),
-            owners: UnsafeCell::new(Vec::new()),
+            rest: Cell::new(ptr::null_mut()),
+            torn_down: Cell::new(false),
         }
     }
 
@@ -216,51 +229,62 @@ impl LocalCaches {
     unsafe fn cache(&self, slot: usize) -> *mut ThreadCache {
         if slot < FAST_SLOTS {
             // SAFETY: in bounds of the inline array.
-            unsafe { self.fast.get().cast::<ThreadCache>().add(slot) }
-        } else {
-            // SAFETY: per the caller's contract.
-            let more = unsafe { &*self.more.get() };
-            more.get(slot - FAST_SLOTS).copied().unwrap_or(ptr::null_mut())
+            return unsafe { self.fast.get().cast::<ThreadCache>().add(slot) };
+        }
+        // SAFETY: per the caller's contract; `rest` is null or a live box.
+        match unsafe { self.rest.get().as_ref() } {
+            Some(rest) => rest
+                .more
+                .get(slot - FAST_SLOTS)
+                .copied()
+                .unwrap_or(ptr::null_mut()),
+            None => ptr::null_mut(),
         }
     }
 
-    /// A fresh cache for `engine` in its slot, replacing a stale one.
+    /// A fresh cache for `engine` in its slot, replacing a stale one; `None` once the
+    /// thread is tearing down its thread-locals.
     ///
     /// # Safety
     /// As for [`cache`](Self::cache).
-    unsafe fn create(&self, engine: &Arc<Engine>) -> *mut ThreadCache {
+    unsafe fn create(&self, engine: &Arc<Engine>) -> Option<*mut ThreadCache> {
+        if self.torn_down.get() {
+            return None;
+        }
+        if self.rest.get().is_null() {
+            if !arm_exit_hook() {
+                return None;
+            }
+            self.rest.set(Box::into_raw(Box::default()));
+        }
+        // SAFETY: per the caller's contract; just made non-null.
+        let rest = unsafe { &mut *self.rest.get() };
         let slot = engine.slot() as usize;
-        let fresh = ThreadCache::new(engine.instance(), false);
-        // SAFETY: per the caller's contract.
-        let owners = unsafe { &mut *self.owners.get() };
-        if owners.len() <= slot {
-            owners.resize_with(slot + 1, || None);
+        if rest.owners.len() <= slot {
+            rest.owners.resize_with(slot + 1, || None);
         }
         // A previous owner of the slot was dropped (slots are reused only then); its
         // shutdown already emptied this thread's cache for it, which is overwritten here.
-        owners[slot] = Some(engine.clone());
+        rest.owners[slot] = Some(engine.clone());
+        let fresh = ThreadCache::new(engine.instance(), false);
         if slot < FAST_SLOTS {
             // SAFETY: as in `cache`; the old value holds nothing that needs dropping.
-            unsafe {
-                let c = self.cache(slot);
-                c.write(fresh);
-                c
-            }
-        } else {
-            // SAFETY: per the caller's contract.
-            let more = unsafe { &mut *self.more.get() };
-            if more.len() <= slot - FAST_SLOTS {
-                more.resize(slot - FAST_SLOTS + 1, ptr::null_mut());
-            }
-            let entry = &mut more[slot - FAST_SLOTS];
-            if entry.is_null() {
-                *entry = Box::into_raw(Box::new(fresh));
-            } else {
-                // SAFETY: a boxed cache owned by this table.
-                unsafe { entry.write(fresh) };
-            }
-            *entry
+            let c = unsafe { self.cache(slot) };
+            // SAFETY: as above.
+            unsafe { c.write(fresh) };
+            return Some(c);
         }
+        if rest.more.len() <= slot - FAST_SLOTS {
+            rest.more.resize(slot - FAST_SLOTS + 1, ptr::null_mut());
+        }
+        let entry = &mut rest.more[slot - FAST_SLOTS];
+        if entry.is_null() {
+            *entry = Box::into_raw(Box::new(fresh));
+        } else {
+            // SAFETY: a boxed cache owned by this table.
+            unsafe { entry.write(fresh) };
+        }
+        Some(*entry)
     }
 
     /// Retires the cache of `slot` with its engine and marks the entry unused.
@@ -268,9 +292,11 @@ impl LocalCaches {
     /// # Safety
     /// As for [`cache`](Self::cache).
     unsafe fn retire(&self, slot: usize) {
-        // SAFETY: per the caller's contract.
-        let owners = unsafe { &mut *self.owners.get() };
-        let Some(engine) = owners.get_mut(slot).and_then(Option::take) else {
+        // SAFETY: per the caller's contract; `rest` is null or a live box.
+        let Some(rest) = (unsafe { self.rest.get().as_mut() }) else {
+            return;
+        };
+        let Some(engine) = rest.owners.get_mut(slot).and_then(Option::take) else {
             return;
         };
         // SAFETY: per the caller's contract; a registered cache is valid.
@@ -280,15 +306,27 @@ impl LocalCaches {
             (*c).instance = EMPTY;
         }
     }
-}
 
-impl Drop for LocalCaches {
-    fn drop(&mut self) {
-        for slot in 0..self.owners.get_mut().len() {
-            // SAFETY: the thread is exiting; nothing else references the table.
+    /// Thread exit: retires every cache and frees what the table allocated.
+    ///
+    /// # Safety
+    /// As for [`cache`](Self::cache); the thread makes no further registrations.
+    unsafe fn teardown(&self) {
+        self.torn_down.set(true);
+        let rest = self.rest.get();
+        if rest.is_null() {
+            return;
+        }
+        // SAFETY: a live box owned by the table.
+        let slots = unsafe { (*rest).owners.len() };
+        for slot in 0..slots {
+            // SAFETY: per the caller's contract.
             unsafe { self.retire(slot) };
         }
-        for c in self.more.get_mut().drain(..).filter(|c| !c.is_null()) {
+        self.rest.set(ptr::null_mut());
+        // SAFETY: owned by the table and no longer reachable from it.
+        let rest = unsafe { Box::from_raw(rest) };
+        for c in rest.more.into_iter().filter(|c| !c.is_null()) {
             // SAFETY: boxed caches owned by this table, retired above.
             drop(unsafe { Box::from_raw(c) });
         }
@@ -296,33 +334,73 @@ impl Drop for LocalCaches {
 }
 
 sync::const_thread_local! {
-    static LOCAL: LocalCaches = LocalCaches::new();
+    static LOCAL: Table = Table::new();
+}
+
+/// Runs the table's teardown when the thread exits (std builds). A separate
+/// thread-local so that the table itself has no destructor and needs no liveness check.
+#[cfg(not(loom))]
+struct ExitHook;
+
+#[cfg(not(loom))]
+impl Drop for ExitHook {
+    fn drop(&mut self) {
+        // SAFETY: thread-local destructors run on the owning thread, outside any
+        // allocator call; `LOCAL` has no destructor, so it is still accessible.
+        let _ = LOCAL.try_with(|t| unsafe { t.teardown() });
+    }
+}
+
+#[cfg(not(loom))]
+std::thread_local! {
+    static EXIT_HOOK: ExitHook = const { ExitHook };
+}
+
+/// Registers the thread-exit teardown; false if the thread's thread-locals are already
+/// being destroyed.
+#[cfg(not(loom))]
+fn arm_exit_hook() -> bool {
+    EXIT_HOOK.try_with(|_| ()).is_ok()
+}
+
+/// Under loom the table's own destructor does the teardown (loom drops a thread's
+/// thread-locals in no fixed order, so a separate hook could outlive the table).
+#[cfg(loom)]
+impl Drop for Table {
+    fn drop(&mut self) {
+        // SAFETY: the owning thread is exiting.
+        unsafe { self.teardown() };
+    }
+}
+
+#[cfg(loom)]
+fn arm_exit_hook() -> bool {
+    true
 }
 
 /// What [`lookup`] found.
 pub(crate) enum Lookup {
     /// This thread's cache for the engine.
     Cache(*mut ThreadCache),
-    /// This thread has no cache for the engine yet.
+    /// This thread has no cache for the engine (yet, or any more after teardown).
     Unregistered,
-    /// Thread-local storage is being (or has been) torn down.
+    /// Thread-local storage is gone (loom only: std's table outlives teardown).
     TornDown,
 }
 
-/// Finds this thread's cache for the allocator `(slot, instance)`: one TLS access, a
-/// bounds check and a compare of the instance, in the same cache line as the cache's
-/// fast-path fields.
+/// Finds this thread's cache for the allocator `(slot, instance)`: a bounds check and a
+/// compare of the instance, in the same cache line as the cache's fast-path fields.
 #[inline(always)]
 pub(crate) fn lookup(slot: u32, instance: u64) -> Lookup {
     LOCAL
-        .try_with(|local| {
+        .try_with(|table| {
             let slot = slot as usize;
             if slot >= FAST_SLOTS {
-                return lookup_more(local, slot, instance);
+                return lookup_more(table, slot, instance);
             }
             // SAFETY: in bounds; entries are always valid caches, touched only by this
             // thread and never re-entrantly while a reference to one is live.
-            let cache = unsafe { local.fast.get().cast::<ThreadCache>().add(slot) };
+            let cache = unsafe { table.fast.get().cast::<ThreadCache>().add(slot) };
             // SAFETY: as above.
             if unsafe { (*cache).instance } == instance {
                 Lookup::Cache(cache)
@@ -334,9 +412,9 @@ pub(crate) fn lookup(slot: u32, instance: u64) -> Lookup {
 }
 
 #[cold]
-fn lookup_more(local: &LocalCaches, slot: usize, instance: u64) -> Lookup {
+fn lookup_more(table: &Table, slot: usize, instance: u64) -> Lookup {
     // SAFETY: as in `lookup`.
-    let cache = unsafe { local.cache(slot) };
+    let cache = unsafe { table.cache(slot) };
     // SAFETY: a non-null entry is a boxed cache owned by the table.
     if !cache.is_null() && unsafe { (*cache).instance } == instance {
         Lookup::Cache(cache)
@@ -346,22 +424,25 @@ fn lookup_more(local: &LocalCaches, slot: usize, instance: u64) -> Lookup {
 }
 
 /// Creates this thread's cache for `engine` (which must have none) in the thread's
-/// table; `None` if thread-local storage is gone.
+/// table; `None` if the thread is tearing down its thread-locals.
 pub(crate) fn install(engine: &Arc<Engine>) -> Option<*mut ThreadCache> {
     // SAFETY: this thread's table; no reference into it is live.
-    LOCAL.try_with(|local| unsafe { local.create(engine) }).ok()
+    LOCAL
+        .try_with(|t| unsafe { t.create(engine) })
+        .ok()
+        .flatten()
 }
 
 /// Retires this thread's cache for `engine` (its magazines go to the depot) and frees
 /// its table entry for reuse.
 pub(crate) fn uninstall(engine: &Engine) {
-    let _ = LOCAL.try_with(|local| {
+    let _ = LOCAL.try_with(|t| {
         let slot = engine.slot() as usize;
         // SAFETY: this thread's table; no reference into it is live.
         unsafe {
-            let c = local.cache(slot);
+            let c = t.cache(slot);
             if !c.is_null() && (*c).instance == engine.instance() {
-                local.retire(slot);
+                t.retire(slot);
             }
         }
     });

@@ -188,10 +188,12 @@ impl LowerBound {
     #[inline(always)]
     fn alloc(v: Obj) -> NonNull<Obj> {
         // SAFETY: this thread's stack, not borrowed elsewhere.
-        let p = STACK.with(|s| unsafe { (*s.get()).pop() }).unwrap_or_else(|| {
-            // SAFETY: non-zero layout.
-            NonNull::new(unsafe { System.alloc(Layout::new::<Obj>()) }.cast()).unwrap()
-        });
+        let p = STACK
+            .with(|s| unsafe { (*s.get()).pop() })
+            .unwrap_or_else(|| {
+                // SAFETY: non-zero layout.
+                NonNull::new(unsafe { System.alloc(Layout::new::<Obj>()) }.cast()).unwrap()
+            });
         // SAFETY: valid memory for one Obj.
         unsafe { p.as_ptr().write(v) };
         p
