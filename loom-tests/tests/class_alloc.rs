@@ -137,9 +137,12 @@ fn thread_exit_flush_races_allocation() {
         exiting.join().unwrap();
         other.join().unwrap();
         // loom's `join` returns before the joined thread's thread-local destructors run
-        // (std's waits for them), so wait for the flush to unregister the cache. If the
-        // flush never happens this spins until loom's branch limit fails the model.
+        // (std's waits for them), so wait for the flush to unregister the cache; each
+        // yield lets the exiting thread run, so a bounded wait suffices.
+        let mut waits = 0;
         while a.stats().threads > 0 {
+            waits += 1;
+            assert!(waits < 50, "the exiting thread's cache was never flushed");
             thread::yield_now();
         }
         let s = a.stats();
