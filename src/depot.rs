@@ -88,6 +88,25 @@ impl MagazineStack {
 
     /// Pops a magazine; the caller owns it afterwards.
     pub fn pop<'t>(&self, table: &'t MagazineTable) -> Option<&'t Magazine> {
+        // May read a stale link if the top was popped meanwhile; then the generation
+        // has moved and the CAS fails.
+        self.detach(table, |top| top.next.load(Ordering::Relaxed))
+    }
+
+    /// Detaches the whole stack with one CAS; the caller owns the returned chain (walk
+    /// it with `next`, ending at [`NIL`]).
+    pub fn take_all<'t>(&self, table: &'t MagazineTable) -> Option<&'t Magazine> {
+        self.detach(table, |_| NIL)
+    }
+
+    /// Replaces the top magazine with `rest(top)` (its link, or [`NIL`] for everything),
+    /// advancing the generation; returns the old top, now owned by the caller.
+    #[inline]
+    fn detach<'t>(
+        &self,
+        table: &'t MagazineTable,
+        rest: impl Fn(&Magazine) -> u32,
+    ) -> Option<&'t Magazine> {
         let mut head = self.head.load(Ordering::Acquire);
         loop {
             let (generation, top) = unpack(head);
@@ -96,38 +115,13 @@ impl MagazineStack {
             }
             // SAFETY: `top` came from a push of a descriptor created in `table`.
             let mag = unsafe { table.get(top) };
-            // May be stale if `mag` was popped meanwhile; then the generation has moved
-            // and the CAS below fails.
-            let next = mag.next.load(Ordering::Relaxed);
             match self.head.compare_exchange_weak(
                 head,
-                pack(generation.wrapping_add(1) & self.generation_mask, next),
+                pack(generation.wrapping_add(1) & self.generation_mask, rest(mag)),
                 Ordering::Acquire,
                 Ordering::Acquire,
             ) {
                 Ok(_) => return Some(mag),
-                Err(now) => head = now,
-            }
-        }
-    }
-
-    /// Detaches the whole stack with one CAS; the caller owns the returned chain (walk
-    /// it with `next`, ending at [`NIL`]).
-    pub fn take_all<'t>(&self, table: &'t MagazineTable) -> Option<&'t Magazine> {
-        let mut head = self.head.load(Ordering::Acquire);
-        loop {
-            let (generation, top) = unpack(head);
-            if top == NIL {
-                return None;
-            }
-            match self.head.compare_exchange_weak(
-                head,
-                pack(generation.wrapping_add(1) & self.generation_mask, NIL),
-                Ordering::Acquire,
-                Ordering::Acquire,
-            ) {
-                // SAFETY: `top` was pushed, so it was created in `table`.
-                Ok(_) => return Some(unsafe { table.get(top) }),
                 Err(now) => head = now,
             }
         }
@@ -223,8 +217,9 @@ impl Depot {
         Some(mag)
     }
 
-    /// Hands over a magazine holding objects. If the budget cannot take them, the objects
-    /// go back to the backing allocator and the (now empty) magazine to the empty stack.
+    /// Hands over a magazine: an empty one goes to the empty stack; one holding objects
+    /// to the full stack if the budget can take them, else its objects go back to the
+    /// backing allocator and the (now empty) magazine to the empty stack.
     ///
     /// # Safety
     /// The caller owns `mag`; it must not use it afterwards.
@@ -280,16 +275,6 @@ impl Depot {
             }
             None => self.table.create(),
         }
-    }
-
-    /// Hands over an empty magazine.
-    ///
-    /// # Safety
-    /// The caller owns `mag`, which holds no objects; it must not use it afterwards.
-    pub unsafe fn put_empty(&self, mag: &Magazine) {
-        // SAFETY: owned by the caller.
-        debug_assert_eq!(unsafe { mag.len() }, 0);
-        self.empty.push(mag);
     }
 
     /// Returns every object in `mag` to the backing allocator.
@@ -426,7 +411,7 @@ mod tests {
         // SAFETY: owned.
         unsafe {
             d.release_objects(m);
-            d.put_empty(m);
+            d.put_full(m);
         }
         assert_eq!(d.trim(), 4);
         assert_eq!(d.cached_objects(), 0);
@@ -446,7 +431,7 @@ mod tests {
         // SAFETY: owned.
         assert!(unsafe { b.with_rounds(|r| !r.slots.is_null()) });
         // SAFETY: owned.
-        unsafe { d.put_empty(b) };
+        unsafe { d.put_full(b) };
     }
 
     #[test]
@@ -477,7 +462,7 @@ mod tests {
                                         got.extend((0..r.len).map(|i| *r.slots.add(i) as usize));
                                     });
                                     d.release_objects(m);
-                                    d.put_empty(m);
+                                    d.put_full(m);
                                 }
                             }
                         }

@@ -184,14 +184,7 @@ impl Engine {
         let Some(full) = self.depot.take_full() else {
             return false;
         };
-        // Both magazines are empty: keep one as previous, give the other back.
-        if let Some(prev) = c.take_previous() {
-            // SAFETY: owned by the cache, now handed over; it is empty.
-            unsafe { self.depot.put_empty(self.mag(prev)) };
-        }
-        let loaded = c.unload();
-        c.set_previous(loaded);
-        c.load(full, self.capacity());
+        self.exchange(c, full);
         true
     }
 
@@ -208,14 +201,22 @@ impl Engine {
         let Some(empty) = self.depot.take_empty() else {
             return false;
         };
+        self.exchange(c, empty);
+        true
+    }
+
+    /// The depot exchange: `previous` goes to the depot (to the full stack if it holds
+    /// objects, else to the empty one), the loaded magazine becomes `previous`, and
+    /// `fresh` (owned by the caller) is loaded. Both slow paths end here, with one
+    /// magazine that can serve the next `capacity` operations and one that cannot.
+    fn exchange(&self, c: &mut ThreadCache, fresh: &Magazine) {
         if let Some(prev) = c.take_previous() {
             // SAFETY: owned by the cache, now handed over.
             unsafe { self.depot.put_full(self.mag(prev)) };
         }
         let loaded = c.unload();
         c.set_previous(loaded);
-        c.load(empty, cap);
-        true
+        c.load(fresh, self.capacity());
     }
 
     /// Depot-only allocation: one object from a full (one-object) magazine.
