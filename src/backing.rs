@@ -58,10 +58,13 @@ impl Backing {
     /// # Safety
     /// As for [`dealloc`](Self::dealloc), for each pointer.
     pub unsafe fn dealloc_all(&self, objects: &[*mut u8]) {
-        for &p in objects {
-            // SAFETY: forwarded from the caller; slots of magazines are never null.
-            unsafe { self.dealloc(NonNull::new_unchecked(p)) };
+        if self.layout.size() != 0 {
+            for &p in objects {
+                // SAFETY: forwarded from the caller.
+                unsafe { sync::dealloc(p, self.layout) };
+            }
         }
+        self.frees.add_shared(objects.len() as u64);
     }
 
     /// Objects handed out so far.

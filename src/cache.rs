@@ -13,6 +13,64 @@ use crate::engine::Engine;
 use crate::magazine::{self, Magazine};
 use crate::sync::{self, Arc, StatCounter};
 
+/// Counters of one cache (or of all retired caches of an engine).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    /// Allocations served to users (any path).
+    pub(crate) allocs: StatCounter,
+    /// Frees received from users (any path).
+    pub(crate) frees: StatCounter,
+    /// Magazines taken from the depot's full stack.
+    pub(crate) refills: StatCounter,
+    /// Magazines given to the depot that it kept.
+    pub(crate) spills: StatCounter,
+    /// Magazines given to the depot whose objects went to the backing allocator
+    /// because the budget was full.
+    pub(crate) overflows: StatCounter,
+}
+
+/// [`Counters`] read out as numbers.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Counts {
+    pub(crate) allocs: u64,
+    pub(crate) frees: u64,
+    pub(crate) refills: u64,
+    pub(crate) spills: u64,
+    pub(crate) overflows: u64,
+}
+
+impl Counters {
+    pub(crate) const fn new() -> Self {
+        Counters {
+            allocs: StatCounter::new(),
+            frees: StatCounter::new(),
+            refills: StatCounter::new(),
+            spills: StatCounter::new(),
+            overflows: StatCounter::new(),
+        }
+    }
+
+    /// Adds these counters' values to `sum`.
+    pub(crate) fn read_into(&self, sum: &mut Counts) {
+        sum.allocs += self.allocs.get();
+        sum.frees += self.frees.get();
+        sum.refills += self.refills.get();
+        sum.spills += self.spills.get();
+        sum.overflows += self.overflows.get();
+    }
+
+    /// Adds `other`'s values to these counters from any thread.
+    pub(crate) fn add_shared(&self, other: &Counters) {
+        let mut n = Counts::default();
+        other.read_into(&mut n);
+        self.allocs.add_shared(n.allocs);
+        self.frees.add_shared(n.frees);
+        self.refills.add_shared(n.refills);
+        self.spills.add_shared(n.spills);
+        self.overflows.add_shared(n.overflows);
+    }
+}
+
 /// One thread's cache for one allocator. Only its thread touches the magazine state;
 /// other threads read the counters (atomics) under the allocator's registry lock. The
 /// fields the fast paths touch come first, in one cache line.
@@ -32,10 +90,8 @@ pub(crate) struct ThreadCache {
     loaded: *const Magazine,
     /// The previous magazine, or null; its descriptor's `len` is current.
     previous: *const Magazine,
-    /// Allocations served to users through this cache (any path).
-    pub(crate) allocs: StatCounter,
-    /// Frees received from users through this cache (any path).
-    pub(crate) frees: StatCounter,
+    /// What this cache did, bumped by its thread only.
+    pub(crate) counters: Counters,
     /// True for a stand-in cache used after thread-local teardown: its slow paths go
     /// straight to the backing allocator and it never holds magazines.
     pub(crate) detached: bool,
@@ -52,8 +108,7 @@ impl ThreadCache {
             cap: 0,
             loaded: ptr::null(),
             previous: ptr::null(),
-            allocs: StatCounter::new(),
-            frees: StatCounter::new(),
+            counters: Counters::new(),
             detached,
             pins: 0,
         }
@@ -71,7 +126,7 @@ impl ThreadCache {
             return None;
         }
         self.len -= 1;
-        self.allocs.bump(1);
+        self.counters.allocs.bump(1);
         // SAFETY: `slots[..len + 1]` are valid objects of the loaded magazine.
         Some(unsafe { magazine::slot(self.slots, self.len) })
     }
@@ -85,7 +140,7 @@ impl ThreadCache {
         // SAFETY: `len < cap`, inside the loaded magazine's slot array.
         unsafe { *self.slots.add(self.len) = object.as_ptr() };
         self.len += 1;
-        self.frees.bump(1);
+        self.counters.frees.bump(1);
         true
     }
 

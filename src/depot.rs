@@ -27,7 +27,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::backing::Backing;
 use crate::magazine::{Magazine, MagazineTable, NIL};
-use crate::sync::{AtomicU64, AtomicUsize, Ordering, StatCounter};
+use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
 /// A lock-free stack of magazines, with a generation-tagged head.
 #[derive(Debug)]
@@ -144,18 +144,16 @@ pub fn for_each_in_chain<'t>(
     }
 }
 
-/// Depot counters, bumped on slow paths only.
-#[derive(Debug, Default)]
-pub(crate) struct DepotCounters {
-    /// Full magazines pushed (spills accepted).
-    pub(crate) spills: StatCounter,
-    /// Full magazines popped (refills served).
-    pub(crate) refills: StatCounter,
-    /// Magazines whose objects went back to the backing allocator because the budget
-    /// was full.
-    pub(crate) overflows: StatCounter,
-    /// Magazines emptied by `trim`.
-    pub(crate) trimmed: StatCounter,
+/// Where [`Depot::put_full`] put a magazine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Put {
+    /// It was empty: onto the empty stack.
+    Empty,
+    /// Its objects fit the budget: onto the full stack (a spill).
+    Cached,
+    /// Its objects did not fit: they went back to the backing allocator, the magazine
+    /// onto the empty stack.
+    Overflowed,
 }
 
 /// The shared level of one allocator.
@@ -169,7 +167,6 @@ pub struct Depot {
     /// Most objects the full stack may hold.
     budget: usize,
     backing: Backing,
-    pub(crate) counters: DepotCounters,
 }
 
 impl Depot {
@@ -188,7 +185,6 @@ impl Depot {
             cached: CachePadded::new(AtomicUsize::new(0)),
             budget: budget_objects,
             backing,
-            counters: DepotCounters::default(),
         }
     }
 
@@ -213,7 +209,6 @@ impl Depot {
         // SAFETY: popped, so owned here.
         let n = unsafe { mag.len() };
         self.cached.fetch_sub(n, Ordering::Relaxed);
-        self.counters.refills.add_shared(1);
         Some(mag)
     }
 
@@ -223,21 +218,21 @@ impl Depot {
     ///
     /// # Safety
     /// The caller owns `mag`; it must not use it afterwards.
-    pub unsafe fn put_full(&self, mag: &Magazine) {
+    pub unsafe fn put_full(&self, mag: &Magazine) -> Put {
         // SAFETY: owned by the caller.
         let n = unsafe { mag.len() };
         if n == 0 {
             self.empty.push(mag);
-            return;
+            return Put::Empty;
         }
         if self.reserve(n) {
-            self.counters.spills.add_shared(1);
             self.full.push(mag);
+            Put::Cached
         } else {
             // SAFETY: owned by the caller.
             unsafe { self.release_objects(mag) };
-            self.counters.overflows.add_shared(1);
             self.empty.push(mag);
+            Put::Overflowed
         }
     }
 
@@ -307,7 +302,6 @@ impl Depot {
                 self.cached.fetch_sub(n, Ordering::Relaxed);
                 // SAFETY: owned here.
                 unsafe { self.release_objects(mag) };
-                self.counters.trimmed.add_shared(1);
                 released += n;
                 last = mag;
             });
@@ -398,13 +392,15 @@ mod tests {
     #[test]
     fn budget_bounds_cached_objects_and_overflow_returns_to_backing() {
         let d = depot(4, 8);
-        for _ in 0..3 {
-            let m = filled(&d, 4);
-            // SAFETY: owned.
-            unsafe { d.put_full(m) };
-        }
+        let puts: Vec<Put> = (0..3)
+            .map(|_| {
+                let m = filled(&d, 4);
+                // SAFETY: owned.
+                unsafe { d.put_full(m) }
+            })
+            .collect();
+        assert_eq!(puts, [Put::Cached, Put::Cached, Put::Overflowed]);
         assert_eq!(d.cached_objects(), 8);
-        assert_eq!(d.counters.overflows.get(), 1);
         assert_eq!(d.backing().frees(), 4);
         let m = d.take_full().unwrap();
         assert_eq!(d.cached_objects(), 4);

@@ -16,12 +16,12 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 
 use crate::backing::Backing;
-use crate::cache::{self, slots, ThreadCache};
+use crate::cache::{self, slots, Counters, Counts, ThreadCache};
 use crate::config::{bypass_from_env, CacheMode, Config};
-use crate::depot::Depot;
+use crate::depot::{Depot, Put};
 use crate::magazine::{self, Magazine};
 use crate::stats::Stats;
-use crate::sync::{self, Arc, Mutex, StatCounter};
+use crate::sync::{self, Arc, Mutex};
 
 /// Thread caches of one engine.
 #[derive(Debug)]
@@ -35,14 +35,6 @@ struct Registry {
 // registry mutex, as described in the module docs.
 unsafe impl Send for Registry {}
 
-/// Counters of work done outside any registered cache: caches that were retired (thread
-/// exit), and operations after thread-local teardown.
-#[derive(Debug, Default)]
-struct Retired {
-    allocs: StatCounter,
-    frees: StatCounter,
-}
-
 /// The untyped engine of one allocator.
 #[derive(Debug)]
 pub(crate) struct Engine {
@@ -52,7 +44,8 @@ pub(crate) struct Engine {
     mode: CacheMode,
     depot: Depot,
     registry: Mutex<Registry>,
-    retired: Retired,
+    /// Counters of retired caches and of operations after thread-local teardown.
+    retired: Counters,
 }
 
 impl Engine {
@@ -84,7 +77,7 @@ impl Engine {
                 alive: true,
                 caches: Vec::new(),
             }),
-            retired: Retired::default(),
+            retired: Counters::new(),
         }
     }
 
@@ -129,8 +122,8 @@ impl Engine {
                     }
                 }
                 CacheMode::DepotOnly => {
-                    if let Some(p) = self.take_one() {
-                        c.allocs.bump(1);
+                    if let Some(p) = self.take_one(c) {
+                        c.counters.allocs.bump(1);
                         return Some(p);
                     }
                 }
@@ -138,7 +131,7 @@ impl Engine {
             }
         }
         let p = self.backing().alloc()?;
-        c.allocs.bump(1);
+        c.counters.allocs.bump(1);
         Some(p)
     }
 
@@ -159,8 +152,8 @@ impl Engine {
                     }
                 }
                 CacheMode::DepotOnly => {
-                    if self.give_one(p) {
-                        c.frees.bump(1);
+                    if self.give_one(c, p) {
+                        c.counters.frees.bump(1);
                         return;
                     }
                 }
@@ -169,7 +162,7 @@ impl Engine {
         }
         // SAFETY: forwarded from the caller.
         unsafe { self.backing().dealloc(p) };
-        c.frees.bump(1);
+        c.counters.frees.bump(1);
     }
 
     /// Makes the loaded magazine non-empty: swap with a non-empty previous, or exchange
@@ -184,6 +177,7 @@ impl Engine {
         let Some(full) = self.depot.take_full() else {
             return false;
         };
+        c.counters.refills.bump(1);
         self.exchange(c, full);
         true
     }
@@ -211,8 +205,8 @@ impl Engine {
     /// magazine that can serve the next `capacity` operations and one that cannot.
     fn exchange(&self, c: &mut ThreadCache, fresh: &Magazine) {
         if let Some(prev) = c.take_previous() {
-            // SAFETY: owned by the cache, now handed over.
-            unsafe { self.depot.put_full(self.mag(prev)) };
+            // SAFETY: a descriptor of this engine's table.
+            self.put(c, unsafe { self.mag(prev) });
         }
         let loaded = c.unload();
         c.set_previous(loaded);
@@ -220,8 +214,9 @@ impl Engine {
     }
 
     /// Depot-only allocation: one object from a full (one-object) magazine.
-    fn take_one(&self) -> Option<NonNull<u8>> {
+    fn take_one(&self, c: &ThreadCache) -> Option<NonNull<u8>> {
         let mag = self.depot.take_full()?;
+        c.counters.refills.bump(1);
         // SAFETY: popped, so owned here; a magazine on the full stack is non-empty.
         let p = unsafe {
             mag.with_rounds(|r| {
@@ -229,13 +224,12 @@ impl Engine {
                 magazine::slot(r.slots, r.len)
             })
         };
-        // SAFETY: owned here, handed over.
-        unsafe { self.depot.put_full(mag) };
+        self.put(c, mag);
         Some(p)
     }
 
     /// Depot-only free: one object into an empty magazine pushed as full.
-    fn give_one(&self, p: NonNull<u8>) -> bool {
+    fn give_one(&self, c: &ThreadCache, p: NonNull<u8>) -> bool {
         let Some(mag) = self.depot.take_empty() else {
             return false;
         };
@@ -245,8 +239,8 @@ impl Engine {
                 *r.slots.add(r.len) = p.as_ptr();
                 r.len += 1;
             });
-            self.depot.put_full(mag);
         }
+        self.put(c, mag);
         true
     }
 
@@ -255,15 +249,24 @@ impl Engine {
         let loaded = c.unload();
         let previous = c.take_previous();
         for mag in [loaded, previous].into_iter().flatten() {
-            // SAFETY: owned by the cache, now handed over.
-            unsafe { self.depot.put_full(self.mag(mag)) };
+            // SAFETY: a descriptor of this engine's table.
+            self.put(c, unsafe { self.mag(mag) });
         }
     }
 
     /// Adds a retiring (or stand-in) cache's counters to the engine's.
     pub(crate) fn fold(&self, c: &ThreadCache) {
-        self.retired.allocs.add_shared(c.allocs.get());
-        self.retired.frees.add_shared(c.frees.get());
+        self.retired.add_shared(&c.counters);
+    }
+
+    /// Hands `mag` (owned by `c`) to the depot and counts where it went.
+    fn put(&self, c: &ThreadCache, mag: &Magazine) {
+        // SAFETY: owned by the cache, now handed over.
+        match unsafe { self.depot.put_full(mag) } {
+            Put::Empty => {}
+            Put::Cached => c.counters.spills.bump(1),
+            Put::Overflowed => c.counters.overflows.bump(1),
+        }
     }
 
     /// Creates and registers a cache for this thread. `None` if thread-local storage is
@@ -369,39 +372,37 @@ impl Engine {
 
     /// A snapshot of the counters.
     pub(crate) fn stats(&self, object_size: usize) -> Stats {
-        let (mut allocs, mut frees, threads);
+        let mut n = Counts::default();
+        let threads;
         {
             let reg = sync::lock(&self.registry);
-            allocs = self.retired.allocs.get();
-            frees = self.retired.frees.get();
+            self.retired.read_into(&mut n);
             threads = reg.caches.len();
             for &c in &reg.caches {
                 // SAFETY: registered caches stay allocated while the lock is held; only
                 // their atomic counters are read.
                 let c = unsafe { &*c };
-                allocs += c.allocs.get();
-                frees += c.frees.get();
+                c.counters.read_into(&mut n);
             }
         }
         let backing_allocs = self.backing().allocs();
         let backing_frees = self.backing().frees();
-        let live = allocs.saturating_sub(frees);
+        let live = n.allocs.saturating_sub(n.frees);
         let cached_in_depot = self.depot.cached_objects() as u64;
         let reserved = backing_allocs.saturating_sub(backing_frees);
-        let counters = &self.depot.counters;
         Stats {
             name: self.name,
             object_size,
-            allocs,
-            frees,
+            allocs: n.allocs,
+            frees: n.frees,
             live,
             cached_in_threads: reserved.saturating_sub(live + cached_in_depot),
             cached_in_depot,
             backing_allocs,
             backing_frees,
-            refills: counters.refills.get(),
-            spills: counters.spills.get(),
-            overflows: counters.overflows.get(),
+            refills: n.refills,
+            spills: n.spills,
+            overflows: n.overflows,
             threads,
         }
     }
