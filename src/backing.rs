@@ -67,6 +67,11 @@ impl Backing {
         self.frees.add_shared(objects.len() as u64);
     }
 
+    /// Size of one object in bytes.
+    pub fn object_size(&self) -> usize {
+        self.layout.size()
+    }
+
     /// Objects handed out so far.
     pub fn allocs(&self) -> u64 {
         self.allocs.get()

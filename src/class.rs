@@ -173,6 +173,8 @@ impl<T> ClassAllocator<T> {
                 let e = unsafe { &*fresh };
                 self.slot_hint.store(e.slot(), Ordering::Relaxed);
                 self.instance_hint.store(e.instance(), Ordering::Relaxed);
+                let engine: Arc<Engine> = Arc::clone(&self.engine_arc());
+                crate::registry::register(&(engine as Arc<dyn crate::registry::Source>));
                 fresh
             }
             Err(winner) => {
@@ -421,7 +423,7 @@ impl<T> ClassAllocator<T> {
 
     /// A snapshot of this allocator's counters.
     pub fn stats(&self) -> Stats {
-        self.engine().stats(std::mem::size_of::<T>())
+        self.engine().stats()
     }
 
     /// Runs `f` with this thread's cache in hand, so allocations and frees in `f` skip

@@ -20,6 +20,7 @@ use crate::cache::{self, slots, Counters, Counts, ThreadCache};
 use crate::config::{bypass_from_env, CacheMode, Config};
 use crate::depot::{Depot, Put};
 use crate::magazine::{self, Magazine};
+use crate::registry::Source;
 use crate::stats::Stats;
 use crate::sync::{self, Arc, Mutex};
 
@@ -371,7 +372,8 @@ impl Engine {
     }
 
     /// A snapshot of the counters.
-    pub(crate) fn stats(&self, object_size: usize) -> Stats {
+    pub(crate) fn stats(&self) -> Stats {
+        let object_size = self.backing().object_size();
         let mut n = Counts::default();
         let threads;
         {
@@ -392,6 +394,7 @@ impl Engine {
         let reserved = backing_allocs.saturating_sub(backing_frees);
         Stats {
             name: self.name,
+            id: self.instance,
             object_size,
             allocs: n.allocs,
             frees: n.frees,
@@ -405,5 +408,21 @@ impl Engine {
             overflows: n.overflows,
             threads,
         }
+    }
+}
+
+impl Source for Engine {
+    fn stats(&self) -> Option<Stats> {
+        if !sync::lock(&self.registry).alive {
+            return None;
+        }
+        Some(Engine::stats(self))
+    }
+
+    fn trim(&self) -> usize {
+        if !sync::lock(&self.registry).alive {
+            return 0;
+        }
+        Engine::trim(self) * self.backing().object_size()
     }
 }

@@ -38,12 +38,29 @@ mod config;
 mod depot;
 mod engine;
 mod magazine;
-mod stats;
+mod registry;
+pub mod stats;
 mod sync;
 
 pub use class::{AllocError, ClassAllocator, LocalCache, Pooled};
 pub use config::{CacheMode, Config, BYPASS_ENV, MAX_MAGAZINE_SIZE};
 pub use stats::Stats;
+
+/// Gives every cached object of every allocator in the process back to the system
+/// allocator: each allocator's depot, and the calling thread's caches. Other threads'
+/// caches (at most two magazines per thread per allocator) stay with them; see
+/// `docs/tuning.md` for what can and cannot come back. Returns the bytes released.
+///
+/// ```
+/// use proxalloc::ClassAllocator;
+/// static BUFS: ClassAllocator<[u8; 512]> = ClassAllocator::new("trim-all-bufs");
+/// drop((0..1000).map(|_| BUFS.alloc([0; 512])).collect::<Vec<_>>());
+/// assert!(proxalloc::trim_all() >= 1000 * 512);
+/// assert_eq!(BUFS.stats().reserved_bytes(), 0);
+/// ```
+pub fn trim_all() -> usize {
+    registry::trim_all()
+}
 
 /// Internals for the `loom-tests` crate. Not API: present only under `--cfg loom`.
 #[cfg(loom)]

@@ -1,6 +1,22 @@
-//! Allocator statistics.
+//! Allocator statistics: per-allocator snapshots, the process-wide list, and a dump in
+//! the manner of Traffic Server's `ink_freelists_dump`.
+//!
+//! ```
+//! use proxalloc::{stats, ClassAllocator};
+//! static CONNS: ClassAllocator<[u64; 16]> = ClassAllocator::new("doc-conns");
+//! let baseline = stats::snapshot();
+//! let c = CONNS.alloc([0; 16]);
+//! let mut out = Vec::new();
+//! stats::dump(&mut out).unwrap();
+//! let table = String::from_utf8(out).unwrap();
+//! assert!(table.lines().any(|l| l.starts_with("doc-conns")));
+//! let mut delta = Vec::new();
+//! stats::dump_since(&baseline, &mut delta).unwrap();
+//! drop(c);
+//! ```
 
 use std::fmt;
+use std::io;
 
 /// A snapshot of one allocator's counters, from
 /// [`ClassAllocator::stats`](crate::ClassAllocator::stats).
@@ -13,6 +29,9 @@ use std::fmt;
 pub struct Stats {
     /// The allocator's name.
     pub name: &'static str,
+    /// A number unique to this allocator instance in the process (names may repeat),
+    /// used to match rows of a [`Snapshot`] with later ones.
+    pub id: u64,
     /// Size of one object in bytes.
     pub object_size: usize,
     /// Objects handed to users.
@@ -78,4 +97,114 @@ impl fmt::Display for Stats {
             self.backing_frees,
         )
     }
+}
+
+/// Stats of every allocator in the process that has been used and not dropped, in the
+/// order they were first used.
+pub fn all() -> Vec<Stats> {
+    crate::registry::all_stats()
+}
+
+/// A baseline of every allocator's stats, for [`dump_since`].
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    rows: Vec<Stats>,
+}
+
+impl Snapshot {
+    /// The rows captured.
+    pub fn rows(&self) -> &[Stats] {
+        &self.rows
+    }
+}
+
+/// Captures every allocator's stats now.
+pub fn snapshot() -> Snapshot {
+    Snapshot { rows: all() }
+}
+
+const HEADER: [&str; 11] = [
+    "name",
+    "size",
+    "live",
+    "thread-cached",
+    "depot-cached",
+    "reserved-bytes",
+    "allocs",
+    "frees",
+    "refills",
+    "spills",
+    "backing-allocs",
+];
+
+/// One row of the dump: the numeric columns of [`HEADER`] after name and size.
+fn columns(s: &Stats) -> [i128; 9] {
+    [
+        s.live,
+        s.cached_in_threads,
+        s.cached_in_depot,
+        s.reserved_bytes(),
+        s.allocs,
+        s.frees,
+        s.refills,
+        s.spills,
+        s.backing_allocs,
+    ]
+    .map(i128::from)
+}
+
+fn write_row(w: &mut impl io::Write, name: &str, size: &str, cols: &[i128; 9]) -> io::Result<()> {
+    write!(w, "{name:<24} {size:>8}")?;
+    for c in cols {
+        write!(w, " {c:>14}")?;
+    }
+    writeln!(w)
+}
+
+fn write_table(w: &mut impl io::Write, rows: &[(String, String, [i128; 9])]) -> io::Result<()> {
+    write!(w, "{:<24} {:>8}", HEADER[0], HEADER[1])?;
+    for h in &HEADER[2..] {
+        write!(w, " {h:>14}")?;
+    }
+    writeln!(w)?;
+    let mut total = [0i128; 9];
+    for (name, size, cols) in rows {
+        write_row(w, name, size, cols)?;
+        for (t, c) in total.iter_mut().zip(cols) {
+            *t += c;
+        }
+    }
+    write_row(w, "TOTAL", "", &total)
+}
+
+/// Writes one row per allocator (name, object size, live objects (in users' hands only),
+/// objects cached in thread caches and in the depot, bytes reserved from the system,
+/// allocations, frees, refills, spills, backing allocations) and a total row.
+///
+/// A server typically calls it from a signal-handling thread or an admin endpoint; see
+/// `examples/stats_dump.rs`.
+pub fn dump(w: &mut impl io::Write) -> io::Result<()> {
+    let rows: Vec<_> = all()
+        .iter()
+        .map(|s| (s.name.to_string(), s.object_size.to_string(), columns(s)))
+        .collect();
+    write_table(w, &rows)
+}
+
+/// Like [`dump`], but every number is the change since `base` (allocators created since
+/// then count from zero; those dropped since then are left out).
+pub fn dump_since(base: &Snapshot, w: &mut impl io::Write) -> io::Result<()> {
+    let rows: Vec<_> = all()
+        .iter()
+        .map(|s| {
+            let mut cols = columns(s);
+            if let Some(b) = base.rows.iter().find(|b| b.id == s.id) {
+                for (c, old) in cols.iter_mut().zip(columns(b)) {
+                    *c -= old;
+                }
+            }
+            (s.name.to_string(), s.object_size.to_string(), cols)
+        })
+        .collect();
+    write_table(w, &rows)
 }

@@ -1,0 +1,64 @@
+//! The process-wide list of allocators, for [`stats::all`](crate::stats::all),
+//! [`stats::dump`](crate::stats::dump) and [`trim_all`](crate::trim_all).
+//!
+//! Each allocator's engine registers here when it is first used and is dropped from the
+//! list once its allocator is gone. The list holds weak references, so it never keeps an
+//! engine alive; it is touched only on those rare events and when someone reads it.
+
+use crate::stats::Stats;
+
+/// Something that can report stats and give memory back: a class allocator's engine, or
+/// a pool block source.
+pub(crate) trait Source: Send + Sync {
+    /// Its stats, or `None` once its owner is gone.
+    fn stats(&self) -> Option<Stats>;
+    /// Gives back what it caches (in the depot, and in the calling thread's cache);
+    /// returns the bytes released.
+    fn trim(&self) -> usize;
+}
+
+#[cfg(not(loom))]
+mod imp {
+    use std::sync::{Arc, Mutex, Weak};
+
+    use super::Source;
+
+    static SOURCES: Mutex<Vec<Weak<dyn Source>>> = Mutex::new(Vec::new());
+
+    pub(crate) fn register(source: &Arc<dyn Source>) {
+        let mut list = SOURCES.lock().unwrap_or_else(|e| e.into_inner());
+        list.retain(|w| w.strong_count() > 0);
+        list.push(Arc::downgrade(source));
+    }
+
+    /// The registered sources that still exist, in registration order.
+    pub(crate) fn sources() -> Vec<Arc<dyn Source>> {
+        let list = SOURCES.lock().unwrap_or_else(|e| e.into_inner());
+        list.iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
+/// Under loom the models build allocators as plain values; nothing is listed.
+#[cfg(loom)]
+mod imp {
+    use super::Source;
+    use crate::sync::Arc;
+
+    pub(crate) fn sources() -> Vec<Arc<dyn Source>> {
+        Vec::new()
+    }
+}
+
+#[cfg(not(loom))]
+pub(crate) use imp::register;
+pub(crate) use imp::sources;
+
+/// Stats of every live allocator, in registration order.
+pub(crate) fn all_stats() -> Vec<Stats> {
+    sources().iter().filter_map(|s| s.stats()).collect()
+}
+
+/// Trims every live allocator; returns the bytes released.
+pub(crate) fn trim_all() -> usize {
+    sources().iter().map(|s| s.trim()).sum()
+}
