@@ -7,12 +7,13 @@ use std::cmp::Ordering as CmpOrdering;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
-use std::mem::{ManuallyDrop, MaybeUninit};
+use std::mem::{size_of, ManuallyDrop, MaybeUninit};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
 use crate::cache::{self, Lookup, ThreadCache};
 use crate::config::{CacheMode, Config};
+use crate::debug;
 use crate::engine::Engine;
 use crate::stats::Stats;
 use crate::sync::Arc;
@@ -240,7 +241,30 @@ impl<T> ClassAllocator<T> {
             }
             _ => self.alloc_cold(),
         };
-        p.map(NonNull::cast).ok_or(AllocError)
+        let p = p.ok_or(AllocError)?;
+        self.on_alloc(p);
+        Ok(p.cast())
+    }
+
+    /// Misuse detection: records an object handed out (compiled out of release builds
+    /// without the `debug-checks` feature).
+    #[inline(always)]
+    fn on_alloc(&self, p: NonNull<u8>) {
+        if debug::ENABLED {
+            let e = self.engine();
+            debug::on_alloc(p.as_ptr() as usize, size_of::<T>(), e.instance(), self.name);
+        }
+    }
+
+    /// Misuse detection: checks and poisons an object being freed.
+    #[inline(always)]
+    fn on_free(&self, p: NonNull<u8>) {
+        if debug::ENABLED {
+            let e = self.engine();
+            debug::on_free(p.as_ptr() as usize, size_of::<T>(), e.instance(), self.name);
+            // SAFETY: the object's memory is ours until it is recycled below.
+            unsafe { p.as_ptr().write_bytes(debug::POISON, size_of::<T>()) };
+        }
     }
 
     #[cold]
@@ -265,6 +289,7 @@ impl<T> ClassAllocator<T> {
     #[inline(always)]
     unsafe fn free_raw(&self, p: NonNull<T>) {
         let p = p.cast::<u8>();
+        self.on_free(p);
         match self.lookup() {
             Lookup::Cache(c) => {
                 // SAFETY: this thread's own cache; no other reference to it is live.
@@ -740,9 +765,9 @@ impl<'a, T> LocalCache<'a, T> {
             Some(p) => Some(p),
             None => self.engine().alloc_slow(c),
         };
-        let slot = slot
-            .unwrap_or_else(|| std::alloc::handle_alloc_error(Layout::new::<T>()))
-            .cast::<T>();
+        let slot = slot.unwrap_or_else(|| std::alloc::handle_alloc_error(Layout::new::<T>()));
+        self.alloc.on_alloc(slot);
+        let slot = slot.cast::<T>();
         let guard = SlotGuard {
             alloc: self.alloc,
             slot,
@@ -777,9 +802,10 @@ impl<'a, T> LocalCache<'a, T> {
         // SAFETY: the handle owned an initialised value; dropped exactly once here.
         unsafe { ptr.as_ptr().drop_in_place() };
         std::mem::forget(guard);
+        let p = ptr.cast::<u8>();
+        self.alloc.on_free(p);
         // SAFETY: see `alloc_with`.
         let c = unsafe { &mut *self.cache };
-        let p = ptr.cast::<u8>();
         if !c.push(p) {
             // SAFETY: the slot is ours and no longer used.
             unsafe { self.engine().free_slow(c, p) };

@@ -35,6 +35,7 @@ mod backing;
 mod cache;
 mod class;
 mod config;
+mod debug;
 mod depot;
 mod engine;
 mod magazine;
@@ -44,6 +45,7 @@ mod sync;
 
 pub use class::{AllocError, ClassAllocator, LocalCache, Pooled};
 pub use config::{CacheMode, Config, BYPASS_ENV, MAX_MAGAZINE_SIZE};
+pub use debug::POISON;
 pub use stats::Stats;
 
 /// Gives every cached object of every allocator in the process back to the system
