@@ -4,31 +4,59 @@
 //! Using the global allocator (rather than carving slabs) means every object released here
 //! really returns to the system allocator, so `trim()` and the depot budget bound the
 //! footprint, and a program that installs mimalloc or jemalloc gets it underneath.
+//!
+//! For a recycling allocator ([`RecyclingAllocator`](crate::RecyclingAllocator)) cached
+//! objects are live values: the backing then constructs each object it hands out and
+//! destroys each one it takes back, through [`ObjectHooks`].
 
 use std::alloc::Layout;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 
 use crate::sync::{self, StatCounter};
+
+/// Type-erased construction and destruction of the objects of a recycling allocator.
+#[derive(Clone, Copy, Debug)]
+pub struct ObjectHooks {
+    /// Writes a fresh object into uninitialised memory.
+    pub construct: unsafe fn(*mut u8),
+    /// Drops the object in place.
+    pub destroy: unsafe fn(*mut u8),
+}
 
 /// The backing allocator for objects of one layout, with counts of what it handed out.
 #[derive(Debug)]
 pub struct Backing {
     layout: Layout,
+    hooks: Option<ObjectHooks>,
     allocs: StatCounter,
     frees: StatCounter,
 }
 
+/// Frees one block if construction unwinds.
+struct FreeOnUnwind<'b>(&'b Backing, NonNull<u8>);
+
+impl Drop for FreeOnUnwind<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the block was allocated with the backing's layout and holds no value.
+        unsafe { self.0.free_block(self.1) };
+    }
+}
+
 impl Backing {
-    /// A backing allocator for objects of `layout`.
-    pub fn new(layout: Layout) -> Self {
+    /// A backing allocator for objects of `layout`; with `hooks`, objects are constructed
+    /// when handed out and destroyed when taken back.
+    pub fn new(layout: Layout, hooks: Option<ObjectHooks>) -> Self {
         Backing {
             layout,
+            hooks,
             allocs: StatCounter::new(),
             frees: StatCounter::new(),
         }
     }
 
-    /// One object's memory, or `None` when the global allocator fails.
+    /// One object's memory (constructed, with hooks), or `None` when the global
+    /// allocator fails. If construction panics, the memory is freed and the panic goes on.
     pub fn alloc(&self) -> Option<NonNull<u8>> {
         let p = if self.layout.size() == 0 {
             // Zero-sized objects need no memory, only a well-aligned non-null address.
@@ -37,31 +65,77 @@ impl Backing {
             // SAFETY: the layout has a non-zero size.
             NonNull::new(unsafe { sync::alloc(self.layout) })
         }?;
+        if let Some(hooks) = self.hooks {
+            let guard = FreeOnUnwind(self, p);
+            // SAFETY: fresh memory of the hooks' type.
+            unsafe { (hooks.construct)(p.as_ptr()) };
+            std::mem::forget(guard);
+        }
         self.allocs.add_shared(1);
         Some(p)
     }
 
-    /// Returns one object's memory.
+    /// Frees a block without touching its contents or the counters.
     ///
     /// # Safety
-    /// `p` came from [`alloc`](Self::alloc) on this backing and is not used afterwards.
-    pub unsafe fn dealloc(&self, p: NonNull<u8>) {
+    /// `p` came from `alloc` on this backing (or its memory part) and is not used again.
+    unsafe fn free_block(&self, p: NonNull<u8>) {
         if self.layout.size() != 0 {
             // SAFETY: by the caller's contract `p` was allocated with `self.layout`.
             unsafe { sync::dealloc(p.as_ptr(), self.layout) };
         }
+    }
+
+    /// Destroys the object at `p` (with hooks). A panic in its destructor is caught and
+    /// discarded: it happens inside the allocator, which must stay consistent, and the
+    /// memory is freed regardless.
+    ///
+    /// # Safety
+    /// `p` holds a live object of the hooks' type, which is not used again.
+    unsafe fn destroy(&self, p: NonNull<u8>) {
+        if let Some(hooks) = self.hooks {
+            // SAFETY: forwarded from the caller.
+            let _ = catch_unwind(AssertUnwindSafe(|| unsafe { (hooks.destroy)(p.as_ptr()) }));
+        }
+    }
+
+    /// Returns one object (destroying it, with hooks).
+    ///
+    /// # Safety
+    /// `p` came from [`alloc`](Self::alloc) on this backing and is not used afterwards;
+    /// with hooks it holds a live object.
+    pub unsafe fn dealloc(&self, p: NonNull<u8>) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.destroy(p);
+            self.free_block(p);
+        }
         self.frees.add_shared(1);
     }
 
-    /// Returns every object in `objects`.
+    /// Returns one object whose value is already gone (dropped or moved out), even with
+    /// hooks.
     ///
     /// # Safety
-    /// As for [`dealloc`](Self::dealloc), for each pointer.
+    /// `p` came from [`alloc`](Self::alloc) on this backing and is not used afterwards.
+    pub unsafe fn dealloc_dead(&self, p: NonNull<u8>) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.free_block(p) };
+        self.frees.add_shared(1);
+    }
+
+    /// Returns every object in `objects`, as [`dealloc`](Self::dealloc) does.
+    ///
+    /// # Safety
+    /// As for [`dealloc`](Self::dealloc), for each pointer (magazine slots are never
+    /// null).
     pub unsafe fn dealloc_all(&self, objects: &[*mut u8]) {
-        if self.layout.size() != 0 {
-            for &p in objects {
-                // SAFETY: forwarded from the caller.
-                unsafe { sync::dealloc(p, self.layout) };
+        for &p in objects {
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                let p = NonNull::new_unchecked(p);
+                self.destroy(p);
+                self.free_block(p);
             }
         }
         self.frees.add_shared(objects.len() as u64);

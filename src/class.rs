@@ -11,6 +11,7 @@ use std::mem::{size_of, ManuallyDrop, MaybeUninit};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
+use crate::backing::ObjectHooks;
 use crate::cache::{self, Lookup, ThreadCache};
 use crate::config::{CacheMode, Config};
 use crate::debug;
@@ -62,6 +63,9 @@ impl std::error::Error for AllocError {}
 pub struct ClassAllocator<T> {
     name: &'static str,
     config: Config,
+    /// Set for a [`RecyclingAllocator`](crate::RecyclingAllocator)'s inner allocator:
+    /// cached objects are then live values.
+    hooks: Option<ObjectHooks>,
     #[cfg(not(loom))]
     engine: crate::sync::AtomicPtr<Engine>,
     /// Copies of the engine's slot and instance numbers, so the fast paths find the
@@ -89,9 +93,19 @@ impl<T> ClassAllocator<T> {
     /// An allocator named `name` with `config`.
     #[cfg(not(loom))]
     pub const fn with_config(name: &'static str, config: Config) -> Self {
+        Self::with_hooks(name, config, None)
+    }
+
+    #[cfg(not(loom))]
+    pub(crate) const fn with_hooks(
+        name: &'static str,
+        config: Config,
+        hooks: Option<ObjectHooks>,
+    ) -> Self {
         ClassAllocator {
             name,
             config,
+            hooks,
             engine: crate::sync::AtomicPtr::new(std::ptr::null_mut()),
             slot_hint: crate::sync::AtomicU32::new(u32::MAX),
             instance_hint: crate::sync::AtomicU64::new(u64::MAX),
@@ -109,10 +123,20 @@ impl<T> ClassAllocator<T> {
     /// inside the model.)
     #[cfg(loom)]
     pub fn with_config(name: &'static str, config: Config) -> Self {
+        Self::with_hooks(name, config, None)
+    }
+
+    #[cfg(loom)]
+    pub(crate) fn with_hooks(
+        name: &'static str,
+        config: Config,
+        hooks: Option<ObjectHooks>,
+    ) -> Self {
         ClassAllocator {
             name,
             config,
-            engine: Arc::new(Engine::new(name, Layout::new::<T>(), config)),
+            hooks,
+            engine: Arc::new(Engine::new(name, Layout::new::<T>(), config, hooks)),
             _type: PhantomData,
         }
     }
@@ -148,7 +172,7 @@ impl<T> ClassAllocator<T> {
 
     #[cfg(not(loom))]
     #[inline(always)]
-    fn engine(&self) -> &Engine {
+    pub(crate) fn engine(&self) -> &Engine {
         // SAFETY: a published engine lives until this allocator is dropped.
         unsafe { &*self.engine_ptr() }
     }
@@ -161,6 +185,7 @@ impl<T> ClassAllocator<T> {
             self.name,
             Layout::new::<T>(),
             self.config,
+            self.hooks,
         )));
         // Release publishes the engine's fields to the Acquire load in `engine_ptr`.
         match self.engine.compare_exchange(
@@ -191,7 +216,7 @@ impl<T> ClassAllocator<T> {
 
     #[cfg(loom)]
     #[inline(always)]
-    fn engine(&self) -> &Engine {
+    pub(crate) fn engine(&self) -> &Engine {
         &self.engine
     }
 
@@ -229,7 +254,7 @@ impl<T> ClassAllocator<T> {
 
     /// Allocates memory for one object (uninitialised), through this thread's cache.
     #[inline(always)]
-    fn alloc_raw(&self) -> Result<NonNull<T>, AllocError> {
+    pub(crate) fn alloc_raw(&self) -> Result<NonNull<T>, AllocError> {
         let p = match self.lookup() {
             Lookup::Cache(c) => {
                 // SAFETY: this thread's own cache; no other reference to it is live.
@@ -258,12 +283,15 @@ impl<T> ClassAllocator<T> {
 
     /// Misuse detection: checks and poisons an object being freed.
     #[inline(always)]
-    fn on_free(&self, p: NonNull<u8>) {
+    pub(crate) fn on_free(&self, p: NonNull<u8>) {
         if debug::ENABLED {
             let e = self.engine();
             debug::on_free(p.as_ptr() as usize, size_of::<T>(), e.instance(), self.name);
-            // SAFETY: the object's memory is ours until it is recycled below.
-            unsafe { p.as_ptr().write_bytes(debug::POISON, size_of::<T>()) };
+            if self.hooks.is_none() {
+                // SAFETY: the object's memory is ours until it is recycled below, and it
+                // holds no value (a recycling allocator's objects stay live: no poison).
+                unsafe { p.as_ptr().write_bytes(debug::POISON, size_of::<T>()) };
+            }
         }
     }
 
@@ -287,7 +315,7 @@ impl<T> ClassAllocator<T> {
     /// # Safety
     /// `p` came from this allocator and nobody uses it any more.
     #[inline(always)]
-    unsafe fn free_raw(&self, p: NonNull<T>) {
+    pub(crate) unsafe fn free_raw(&self, p: NonNull<T>) {
         let p = p.cast::<u8>();
         self.on_free(p);
         match self.lookup() {

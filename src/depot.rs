@@ -345,7 +345,12 @@ mod tests {
     use std::alloc::Layout;
 
     fn depot(capacity: usize, budget: usize) -> Depot {
-        Depot::new(Backing::new(Layout::new::<u64>()), capacity, budget, 32)
+        Depot::new(
+            Backing::new(Layout::new::<u64>(), None),
+            capacity,
+            budget,
+            32,
+        )
     }
 
     /// Fills a magazine from `depot` with fresh objects.

@@ -15,7 +15,7 @@
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
-use crate::backing::Backing;
+use crate::backing::{Backing, ObjectHooks};
 use crate::cache::{self, slots, Counters, Counts, ThreadCache};
 use crate::config::{bypass_from_env, CacheMode, Config};
 use crate::depot::{Depot, Put};
@@ -51,7 +51,12 @@ pub(crate) struct Engine {
 
 impl Engine {
     /// An engine for objects of `layout`.
-    pub(crate) fn new(name: &'static str, layout: Layout, config: Config) -> Self {
+    pub(crate) fn new(
+        name: &'static str,
+        layout: Layout,
+        config: Config,
+        hooks: Option<ObjectHooks>,
+    ) -> Self {
         let mode = if bypass_from_env() {
             CacheMode::Bypass
         } else {
@@ -69,7 +74,7 @@ impl Engine {
             name,
             mode,
             depot: Depot::new(
-                Backing::new(layout),
+                Backing::new(layout, hooks),
                 capacity,
                 budget,
                 config.generation_bits,
@@ -277,6 +282,18 @@ impl Engine {
         let cache = cache::install(engine)?;
         sync::lock(&engine.registry).caches.push(cache);
         Some(cache)
+    }
+
+    /// Takes back an object whose value is already gone (a recycling allocator's object
+    /// that refused to be recycled): straight to the backing allocator, counted as a free.
+    ///
+    /// # Safety
+    /// `p` is an object of this engine that nobody uses any more, with no live value.
+    #[cold]
+    pub(crate) unsafe fn release_dead(&self, p: NonNull<u8>) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.backing().dealloc_dead(p) };
+        self.retired.frees.add_shared(1);
     }
 
     /// Runs one allocation without a registered cache (thread-local teardown).

@@ -39,6 +39,7 @@ mod debug;
 mod depot;
 mod engine;
 mod magazine;
+mod recycle;
 mod registry;
 pub mod stats;
 mod sync;
@@ -46,6 +47,7 @@ mod sync;
 pub use class::{AllocError, ClassAllocator, LocalCache, Pooled};
 pub use config::{CacheMode, Config, BYPASS_ENV, MAX_MAGAZINE_SIZE};
 pub use debug::POISON;
+pub use recycle::{Recycle, Recycled, RecyclingAllocator};
 pub use stats::Stats;
 
 /// Gives every cached object of every allocator in the process back to the system

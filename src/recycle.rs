@@ -1,0 +1,270 @@
+//! Object caching in Bonwick's sense: objects that own buffers are reset on free instead
+//! of dropped, so their capacity survives to the next request. A general-purpose
+//! allocator cannot do this; it only ever sees raw memory.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+use crate::backing::ObjectHooks;
+use crate::class::{AllocError, ClassAllocator};
+use crate::config::Config;
+use crate::stats::Stats;
+
+/// A type whose values can be reset for reuse.
+///
+/// ```
+/// use proxalloc::Recycle;
+///
+/// /// Parsed request headers: the strings keep their capacity between requests.
+/// struct Headers { fields: Vec<(String, String)>, used: usize }
+///
+/// impl Recycle for Headers {
+///     fn create() -> Self {
+///         Headers { fields: Vec::new(), used: 0 }
+///     }
+///     fn recycle(&mut self) -> bool {
+///         // A request with a huge header list would pin its buffers forever: drop it.
+///         if self.fields.len() > 100 {
+///             return false;
+///         }
+///         for (name, value) in &mut self.fields {
+///             name.clear();
+///             value.clear();
+///         }
+///         self.used = 0;
+///         true
+///     }
+/// }
+/// ```
+pub trait Recycle: Sized {
+    /// A fresh value, for when no recycled one is cached.
+    fn create() -> Self;
+
+    /// Resets `self` for its next user, or returns `false` to have it dropped instead
+    /// (for example when a buffer grew past a bound; shrinking it with `shrink_to` and
+    /// returning `true` is the other choice). If it panics, the value is dropped and the
+    /// panic continues.
+    fn recycle(&mut self) -> bool;
+}
+
+/// Constructs a `T` in place (a [`ObjectHooks::construct`]).
+///
+/// # Safety
+/// `p` is valid, aligned, uninitialised memory for a `T`.
+unsafe fn construct<T: Recycle>(p: *mut u8) {
+    // SAFETY: per the contract.
+    unsafe { p.cast::<T>().write(T::create()) };
+}
+
+/// Drops a `T` in place (a [`ObjectHooks::destroy`]).
+///
+/// # Safety
+/// `p` holds a live `T` that is not used again.
+unsafe fn destroy<T>(p: *mut u8) {
+    // SAFETY: per the contract.
+    unsafe { p.cast::<T>().drop_in_place() };
+}
+
+/// An allocator that caches *constructed* objects: [`get`](Self::get) hands out a
+/// recycled value (or a fresh one from [`Recycle::create`]), and dropping the handle calls
+/// [`Recycle::recycle`] and keeps the value, buffers and all, in the thread's cache.
+///
+/// Cached values are dropped when they leave the caches: over the depot budget, on
+/// `trim`, and when the allocator is dropped.
+///
+/// ```
+/// use proxalloc::{Recycle, RecyclingAllocator};
+///
+/// #[derive(Default)]
+/// struct Body(Vec<u8>);
+/// impl Recycle for Body {
+///     fn create() -> Self { Body(Vec::with_capacity(4096)) }
+///     fn recycle(&mut self) -> bool { self.0.clear(); self.0.capacity() <= 1 << 20 }
+/// }
+///
+/// static BODIES: RecyclingAllocator<Body> = RecyclingAllocator::new("bodies");
+///
+/// let mut b = BODIES.get();
+/// b.0.extend_from_slice(b"hello");
+/// let buffer = b.0.as_ptr();
+/// drop(b); // cleared, kept
+/// let again = BODIES.get();
+/// assert!(again.0.is_empty());
+/// assert_eq!(again.0.as_ptr(), buffer, "the same buffer, no allocation");
+/// ```
+pub struct RecyclingAllocator<T: Recycle> {
+    inner: ClassAllocator<T>,
+}
+
+impl<T: Recycle> RecyclingAllocator<T> {
+    const HOOKS: ObjectHooks = ObjectHooks {
+        construct: construct::<T>,
+        destroy: destroy::<T>,
+    };
+
+    /// An allocator named `name`, with the default [`Config`].
+    #[cfg(not(loom))]
+    pub const fn new(name: &'static str) -> Self {
+        Self::with_config(name, Config::new())
+    }
+
+    /// An allocator named `name` with `config`.
+    #[cfg(not(loom))]
+    pub const fn with_config(name: &'static str, config: Config) -> Self {
+        RecyclingAllocator {
+            inner: ClassAllocator::with_hooks(name, config, Some(Self::HOOKS)),
+        }
+    }
+
+    /// An allocator named `name`, with the default [`Config`].
+    #[cfg(loom)]
+    pub fn new(name: &'static str) -> Self {
+        Self::with_config(name, Config::new())
+    }
+
+    /// An allocator named `name` with `config`.
+    #[cfg(loom)]
+    pub fn with_config(name: &'static str, config: Config) -> Self {
+        RecyclingAllocator {
+            inner: ClassAllocator::with_hooks(name, config, Some(Self::HOOKS)),
+        }
+    }
+
+    /// A recycled value, or a fresh one.
+    ///
+    /// # Panics
+    /// If the backing allocator fails (see [`try_get`](Self::try_get)); and if
+    /// [`Recycle::create`] panics (the memory is returned first).
+    #[inline]
+    pub fn get(&self) -> Recycled<'_, T> {
+        self.try_get()
+            .unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<T>()))
+    }
+
+    /// A recycled value, or a fresh one; an error if the backing allocator fails.
+    #[inline]
+    pub fn try_get(&self) -> Result<Recycled<'_, T>, AllocError> {
+        Ok(Recycled {
+            ptr: self.inner.alloc_raw()?,
+            alloc: self,
+            _owns: PhantomData,
+        })
+    }
+
+    /// The allocator's name.
+    pub fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    /// A snapshot of the counters (see [`ClassAllocator::stats`]).
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+
+    /// Drops every value this thread and the depot cache; returns the bytes released.
+    pub fn trim(&self) -> usize {
+        self.inner.trim()
+    }
+
+    /// Hands this thread's cached values to the depot and forgets this thread's cache.
+    pub fn release_thread_cache(&self) {
+        self.inner.release_thread_cache()
+    }
+}
+
+impl<T: Recycle> fmt::Debug for RecyclingAllocator<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecyclingAllocator")
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+/// A value from a [`RecyclingAllocator`]; dropping it recycles the value.
+pub struct Recycled<'a, T: Recycle> {
+    ptr: NonNull<T>,
+    alloc: &'a RecyclingAllocator<T>,
+    _owns: PhantomData<T>,
+}
+
+// SAFETY: the handle owns its `T` exclusively, like `Box<T>`.
+unsafe impl<T: Recycle + Send> Send for Recycled<'_, T> {}
+// SAFETY: `&Recycled<T>` only gives out `&T`.
+unsafe impl<T: Recycle + Sync> Sync for Recycled<'_, T> {}
+
+/// Drops the value and releases its slot if `recycle` (or the drop) unwinds.
+struct DropOnUnwind<'h, 'a, T: Recycle>(&'h Recycled<'a, T>);
+
+impl<T: Recycle> Drop for DropOnUnwind<'_, '_, T> {
+    fn drop(&mut self) {
+        // SAFETY: `recycle` unwound, so the handle's drop will not run `free`.
+        unsafe { self.0.discard() };
+    }
+}
+
+impl<T: Recycle> Recycled<'_, T> {
+    /// Drops the value and gives its memory straight back (it is not recycled).
+    ///
+    /// # Safety
+    /// Called once, from the handle's drop.
+    unsafe fn discard(&self) {
+        let inner = &self.alloc.inner;
+        let p = self.ptr.cast::<u8>();
+        /// Releases the slot even if `T::drop` unwinds.
+        struct Release<'i, T>(&'i ClassAllocator<T>, NonNull<u8>);
+        impl<T> Drop for Release<'_, T> {
+            fn drop(&mut self) {
+                self.0.on_free(self.1);
+                // SAFETY: the slot's value is gone and nobody uses it.
+                unsafe { self.0.engine().release_dead(self.1) };
+            }
+        }
+        let _release = Release(inner, p);
+        // SAFETY: the handle owns a live value, dropped exactly once here.
+        unsafe { self.ptr.as_ptr().drop_in_place() };
+    }
+}
+
+impl<T: Recycle> Drop for Recycled<'_, T> {
+    fn drop(&mut self) {
+        let mut ptr = self.ptr;
+        let guard = DropOnUnwind(self);
+        // SAFETY: the handle owns a live value; no other reference to it is used while
+        // `recycle` runs.
+        let keep = T::recycle(unsafe { ptr.as_mut() });
+        std::mem::forget(guard);
+        if keep {
+            // SAFETY: the slot holds a live, reset value, as a recycling allocator's
+            // cached slots must; nobody else uses it.
+            unsafe { self.alloc.inner.free_raw(self.ptr) };
+        } else {
+            // SAFETY: called once.
+            unsafe { self.discard() };
+        }
+    }
+}
+
+impl<T: Recycle> Deref for Recycled<'_, T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
+        // SAFETY: the handle owns a live value.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl<T: Recycle> DerefMut for Recycled<'_, T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the handle owns a live value, exclusively.
+        unsafe { self.ptr.as_mut() }
+    }
+}
+
+impl<T: Recycle + fmt::Debug> fmt::Debug for Recycled<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
