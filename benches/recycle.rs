@@ -20,10 +20,26 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const FIELDS: usize = 20;
 const NAMES: [&str; FIELDS] = [
-    "host", "user-agent", "accept", "accept-language", "accept-encoding", "connection",
-    "cookie", "referer", "cache-control", "pragma", "if-none-match", "if-modified-since",
-    "x-forwarded-for", "x-request-id", "x-real-ip", "origin", "sec-fetch-mode",
-    "sec-fetch-site", "upgrade-insecure-requests", "te",
+    "host",
+    "user-agent",
+    "accept",
+    "accept-language",
+    "accept-encoding",
+    "connection",
+    "cookie",
+    "referer",
+    "cache-control",
+    "pragma",
+    "if-none-match",
+    "if-modified-since",
+    "x-forwarded-for",
+    "x-request-id",
+    "x-real-ip",
+    "origin",
+    "sec-fetch-mode",
+    "sec-fetch-site",
+    "upgrade-insecure-requests",
+    "te",
 ];
 const VALUE: &str = "a typical header value, about forty bytes";
 
@@ -88,7 +104,9 @@ fn recycle() {
 
 fn drop_and_allocate() {
     for r in 0..REQUESTS {
-        let mut h = PLAIN.alloc(Headers { fields: Vec::with_capacity(FIELDS) });
+        let mut h = PLAIN.alloc(Headers {
+            fields: Vec::with_capacity(FIELDS),
+        });
         fill(&mut h, r);
         black_box(&h.fields[FIELDS - 1]);
     }
@@ -96,14 +114,19 @@ fn drop_and_allocate() {
 
 fn box_mimalloc() {
     for r in 0..REQUESTS {
-        let mut h = Box::new(Headers { fields: Vec::with_capacity(FIELDS) });
+        let mut h = Box::new(Headers {
+            fields: Vec::with_capacity(FIELDS),
+        });
         fill(&mut h, r);
         black_box(&h.fields[FIELDS - 1]);
     }
 }
 
 fn main() {
-    let rounds: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(200);
+    let rounds: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(200);
     let contenders: [(&str, fn()); 3] = [
         ("recycle", recycle),
         ("drop-and-allocate", drop_and_allocate),

@@ -97,6 +97,8 @@ pub(crate) struct ThreadCache {
     pub(crate) detached: bool,
     /// Live [`Pin`]s: while non-zero the cache must not be retired.
     pins: usize,
+    /// `allocs + frees` when the idle collector last looked at this cache.
+    gc_seen: u64,
 }
 
 impl ThreadCache {
@@ -111,6 +113,7 @@ impl ThreadCache {
             counters: Counters::new(),
             detached,
             pins: 0,
+            gc_seen: 0,
         }
     }
 
@@ -240,6 +243,11 @@ const EMPTY: u64 = 0;
 /// through a vector (a cold path).
 const FAST_SLOTS: usize = 16;
 
+/// Slow-path entries on a thread between two runs of its idle collector. Each slow path
+/// stands for at least a magazine's worth of operations on one cache (see the exchange
+/// rules), so this is a count of operations, not of time.
+pub(crate) const GC_PERIOD: u32 = 256;
+
 /// A thread's caches, indexed by the dense slot number of each allocator it has used.
 ///
 /// The table owns its caches: it empties or frees them at thread exit, on
@@ -257,6 +265,11 @@ struct Table {
     rest: Cell<*mut Rest>,
     /// Set when the thread-exit teardown has run: no new cache may be registered.
     torn_down: Cell<bool>,
+    /// Slow-path entries on this thread since the idle collector last ran.
+    gc_clock: Cell<u32>,
+    /// Set while the idle collector runs (it may run user destructors, which may
+    /// allocate: it must not start again inside itself).
+    collecting: Cell<bool>,
 }
 
 #[derive(Default)]
@@ -274,6 +287,8 @@ impl Table {
             fast: UnsafeCell::new([const { ThreadCache::new(EMPTY, false) }; FAST_SLOTS]),
             rest: Cell::new(ptr::null_mut()),
             torn_down: Cell::new(false),
+            gc_clock: Cell::new(0),
+            collecting: Cell::new(false),
         }
     }
 
@@ -360,6 +375,49 @@ impl Table {
             engine.retire_cache(c);
             (*c).instance = EMPTY;
         }
+    }
+
+    /// The idle collector: every [`GC_PERIOD`] slow-path entries on this thread, each
+    /// cache of this thread that served no operation since the previous pass gives one
+    /// magazine back to its depot (so an idle cache drains in two passes).
+    ///
+    /// # Safety
+    /// As for [`cache`](Self::cache); `busy` is the cache whose slow path is running.
+    unsafe fn tick(&self, busy: *mut ThreadCache) {
+        let n = self.gc_clock.get() + 1;
+        if n < GC_PERIOD || self.collecting.get() {
+            self.gc_clock.set(n);
+            return;
+        }
+        self.gc_clock.set(0);
+        self.collecting.set(true);
+        let mut slot = 0;
+        loop {
+            // SAFETY: per the caller's contract; re-borrowed each round because the
+            // collector may run user code that registers caches.
+            let engine = match unsafe { self.rest.get().as_ref() }.map(|r| r.owners.get(slot)) {
+                Some(Some(Some(engine))) => engine.clone(),
+                Some(Some(None)) => {
+                    slot += 1;
+                    continue;
+                }
+                _ => break,
+            };
+            // SAFETY: per the caller's contract.
+            let c = unsafe { self.cache(slot) };
+            slot += 1;
+            // SAFETY: a registered cache of this thread, not the one in use.
+            let cache = unsafe { &mut *c };
+            if c == busy || cache.instance != engine.instance() {
+                continue;
+            }
+            let ops = cache.counters.allocs.get() + cache.counters.frees.get();
+            if ops == cache.gc_seen {
+                engine.release_idle_magazine(cache);
+            }
+            cache.gc_seen = ops;
+        }
+        self.collecting.set(false);
     }
 
     /// Thread exit: retires every cache and frees what the table allocated.
@@ -486,6 +544,14 @@ pub(crate) fn install(engine: &Arc<Engine>) -> Option<*mut ThreadCache> {
         .try_with(|t| unsafe { t.create(engine) })
         .ok()
         .flatten()
+}
+
+/// Counts a slow-path entry of `busy` (this thread's cache) and runs the idle collector
+/// when it is due.
+pub(crate) fn tick(busy: *mut ThreadCache) {
+    // SAFETY: this thread's table; the slow path holds no reference into it besides
+    // `busy`, which the collector skips.
+    let _ = LOCAL.try_with(|t| unsafe { t.tick(busy) });
 }
 
 /// Retires this thread's cache for `engine` (its magazines go to the depot) and frees

@@ -121,6 +121,7 @@ impl Engine {
     #[inline(never)]
     pub(crate) fn alloc_slow(&self, c: &mut ThreadCache) -> Option<NonNull<u8>> {
         if !c.detached {
+            cache::tick(c);
             match self.mode {
                 CacheMode::ThreadCaches => {
                     if self.refill(c) {
@@ -149,6 +150,7 @@ impl Engine {
     #[inline(never)]
     pub(crate) unsafe fn free_slow(&self, c: &mut ThreadCache, p: NonNull<u8>) {
         if !c.detached {
+            cache::tick(c);
             match self.mode {
                 CacheMode::ThreadCaches => {
                     if self.make_room(c) {
@@ -339,6 +341,21 @@ impl Engine {
         let c = unsafe { &mut *cache };
         self.flush(c);
         self.fold(c);
+    }
+
+    /// The idle collector found `c` (this thread's cache) unused for a whole period: give
+    /// one magazine back to the depot, the previous one first. Under the registry lock,
+    /// because the allocator may be being dropped on another thread.
+    pub(crate) fn release_idle_magazine(&self, c: &mut ThreadCache) {
+        let reg = sync::lock(&self.registry);
+        if !reg.alive {
+            return;
+        }
+        if let Some(mag) = c.take_previous().or_else(|| c.unload()) {
+            // SAFETY: a descriptor of this engine's table.
+            self.put(c, unsafe { self.mag(mag) });
+        }
+        drop(reg);
     }
 
     /// Hands this thread's magazines to the depot and forgets this thread's cache

@@ -479,3 +479,44 @@ fn many_threads_random_ops_match_a_model() {
     assert_eq!(s.live, 0, "{s}");
     assert_eq!(s.frees, s.allocs);
 }
+
+#[test]
+fn idle_thread_cache_drains_gradually() {
+    let idle = ClassAllocator::<[u64; 2]>::with_config("idle", Config::new().magazine_size(8));
+    let busy = ClassAllocator::<u64>::with_config("busy", Config::new().magazine_size(4));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            drop((0..14).map(|i| idle.alloc([i; 2])).collect::<Vec<_>>());
+            let cached = |a: &ClassAllocator<[u64; 2]>| a.stats().cached_in_threads;
+            assert!(
+                cached(&idle) > 8,
+                "both magazines hold objects: {}",
+                idle.stats()
+            );
+            // Churn on another allocator: each batch of 64 crosses magazine boundaries,
+            // so the slow path runs (and ticks the idle collector) often.
+            let mut passes = 0;
+            while cached(&idle) > 0 {
+                for _ in 0..64 {
+                    drop((0..64).map(|i| busy.alloc(i)).collect::<Vec<_>>());
+                }
+                passes += 1;
+                assert!(
+                    passes < 100,
+                    "the idle cache never drained: {}",
+                    idle.stats()
+                );
+            }
+            let s = idle.stats();
+            assert_eq!(s.cached_in_depot, 14, "{s}");
+            assert_eq!(
+                s.threads, 1,
+                "the cache stays registered, only emptied: {s}"
+            );
+            // A drained cache still works.
+            drop(idle.alloc([0; 2]));
+            idle.release_thread_cache();
+            busy.release_thread_cache();
+        });
+    });
+}
