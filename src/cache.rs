@@ -586,9 +586,14 @@ pub(crate) mod slots {
     });
     static INSTANCES: AtomicU64 = AtomicU64::new(1);
 
+    /// A number unique in the process (never 0), for engines and other stats sources.
+    pub(crate) fn fresh_instance() -> u64 {
+        INSTANCES.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// A free slot and a fresh instance number (never 0, which marks an empty entry).
     pub(crate) fn claim() -> (u32, u64) {
-        let instance = INSTANCES.fetch_add(1, Ordering::Relaxed);
+        let instance = fresh_instance();
         let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
         let slot = match pool.free.pop() {
             Some(s) => s,

@@ -12,6 +12,7 @@ use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
 use crate::backing::ObjectHooks;
+use crate::budget::ByteBudget;
 use crate::cache::{self, Lookup, ThreadCache};
 use crate::config::{CacheMode, Config};
 use crate::debug;
@@ -66,6 +67,9 @@ pub struct ClassAllocator<T> {
     /// Set for a [`RecyclingAllocator`](crate::RecyclingAllocator)'s inner allocator:
     /// cached objects are then live values.
     hooks: Option<ObjectHooks>,
+    /// A budget shared with other allocators (a pool block source's classes), instead
+    /// of one of `config.depot_bytes`.
+    budget: Option<Arc<ByteBudget>>,
     #[cfg(not(loom))]
     engine: crate::sync::AtomicPtr<Engine>,
     /// Copies of the engine's slot and instance numbers, so the fast paths find the
@@ -93,19 +97,22 @@ impl<T> ClassAllocator<T> {
     /// An allocator named `name` with `config`.
     #[cfg(not(loom))]
     pub const fn with_config(name: &'static str, config: Config) -> Self {
-        Self::with_hooks(name, config, None)
+        Self::with_parts(name, config, None, None)
     }
 
+    /// An allocator with object hooks (recycling) and/or a shared depot budget.
     #[cfg(not(loom))]
-    pub(crate) const fn with_hooks(
+    pub(crate) const fn with_parts(
         name: &'static str,
         config: Config,
         hooks: Option<ObjectHooks>,
+        budget: Option<Arc<ByteBudget>>,
     ) -> Self {
         ClassAllocator {
             name,
             config,
             hooks,
+            budget,
             engine: crate::sync::AtomicPtr::new(std::ptr::null_mut()),
             slot_hint: crate::sync::AtomicU32::new(u32::MAX),
             instance_hint: crate::sync::AtomicU64::new(u64::MAX),
@@ -123,20 +130,23 @@ impl<T> ClassAllocator<T> {
     /// inside the model.)
     #[cfg(loom)]
     pub fn with_config(name: &'static str, config: Config) -> Self {
-        Self::with_hooks(name, config, None)
+        Self::with_parts(name, config, None, None)
     }
 
+    /// An allocator with object hooks (recycling) and/or a shared depot budget.
     #[cfg(loom)]
-    pub(crate) fn with_hooks(
+    pub(crate) fn with_parts(
         name: &'static str,
         config: Config,
         hooks: Option<ObjectHooks>,
+        budget: Option<Arc<ByteBudget>>,
     ) -> Self {
         ClassAllocator {
             name,
             config,
             hooks,
-            engine: Arc::new(Engine::new(name, Layout::new::<T>(), config, hooks)),
+            budget: budget.clone(),
+            engine: Arc::new(Engine::new(name, Layout::new::<T>(), config, hooks, budget)),
             _type: PhantomData,
         }
     }
@@ -186,6 +196,7 @@ impl<T> ClassAllocator<T> {
             Layout::new::<T>(),
             self.config,
             self.hooks,
+            self.budget.clone(),
         )));
         // Release publishes the engine's fields to the Acquire load in `engine_ptr`.
         match self.engine.compare_exchange(

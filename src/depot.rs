@@ -21,13 +21,17 @@
 //!   synchronises with the push that published the magazine (and, because every head
 //!   update is a read-modify-write, with every earlier push in its release sequence):
 //!   the popper then sees the rounds as the pusher left them.
-//! - `cached`, the budget counter, is only a number: `Relaxed` throughout.
+//! - `cached` (objects, for stats) and the byte budget are only numbers: `Relaxed`
+//!   throughout. A spill reserves bytes before it pushes and a refill releases them
+//!   after it pops, so the budget's count is never below what the stacks hold and never
+//!   above its limit.
 
 use crossbeam_utils::CachePadded;
 
 use crate::backing::Backing;
+use crate::budget::ByteBudget;
 use crate::magazine::{Magazine, MagazineTable, NIL};
-use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 
 /// A lock-free stack of magazines, with a generation-tagged head.
 #[derive(Debug)]
@@ -151,6 +155,9 @@ pub enum Put {
     Empty,
     /// Its objects fit the budget: onto the full stack (a spill).
     Cached,
+    /// Some of its objects fit: those stay on the full stack, the rest went back to the
+    /// backing allocator.
+    Partial,
     /// Its objects did not fit: they went back to the backing allocator, the magazine
     /// onto the empty stack.
     Overflowed,
@@ -162,20 +169,21 @@ pub struct Depot {
     table: MagazineTable,
     full: MagazineStack,
     empty: MagazineStack,
-    /// Objects on the full stack (an upper bound while a pop is in flight).
+    /// Objects on the full stack (an upper bound while a pop is in flight; for stats).
     cached: CachePadded<AtomicUsize>,
-    /// Most objects the full stack may hold.
-    budget: usize,
+    /// The byte budget the full stack's objects are charged to (possibly shared with
+    /// other depots, as a pool block source's classes share one `max_free`).
+    budget: Arc<ByteBudget>,
     backing: Backing,
 }
 
 impl Depot {
-    /// A depot for objects from `backing`, `capacity` objects per magazine, holding at
-    /// most `budget_objects` free objects, with `generation_bits`-wide stack generations.
+    /// A depot for objects from `backing`, `capacity` objects per magazine, whose cached
+    /// objects are charged to `budget`, with `generation_bits`-wide stack generations.
     pub fn new(
         backing: Backing,
         capacity: usize,
-        budget_objects: usize,
+        budget: Arc<ByteBudget>,
         generation_bits: u32,
     ) -> Self {
         Depot {
@@ -183,7 +191,7 @@ impl Depot {
             full: MagazineStack::new(generation_bits),
             empty: MagazineStack::new(generation_bits),
             cached: CachePadded::new(AtomicUsize::new(0)),
-            budget: budget_objects,
+            budget,
             backing,
         }
     }
@@ -208,13 +216,25 @@ impl Depot {
         let mag = self.full.pop(&self.table)?;
         // SAFETY: popped, so owned here.
         let n = unsafe { mag.len() };
-        self.cached.fetch_sub(n, Ordering::Relaxed);
+        self.uncharge(n);
         Some(mag)
     }
 
+    /// Bytes of `n` objects.
+    fn bytes(&self, n: usize) -> usize {
+        n * self.backing.object_size()
+    }
+
+    /// Accounts for `n` objects leaving the full stack.
+    fn uncharge(&self, n: usize) {
+        self.cached.fetch_sub(n, Ordering::Relaxed);
+        self.budget.release(self.bytes(n));
+    }
+
     /// Hands over a magazine: an empty one goes to the empty stack; one holding objects
-    /// to the full stack if the budget can take them, else its objects go back to the
-    /// backing allocator and the (now empty) magazine to the empty stack.
+    /// to the full stack with as many of them as the budget can take, the rest going back
+    /// to the backing allocator (with none kept, the empty magazine goes to the empty
+    /// stack).
     ///
     /// # Safety
     /// The caller owns `mag`; it must not use it afterwards.
@@ -225,33 +245,31 @@ impl Depot {
             self.empty.push(mag);
             return Put::Empty;
         }
-        if self.reserve(n) {
+        let keep = self.budget.reserve_up_to(n, self.backing.object_size());
+        if keep > 0 {
+            if keep < n {
+                // SAFETY: owned by the caller; `slots[keep..n]` are objects of `backing`.
+                unsafe {
+                    mag.with_rounds(|r| {
+                        self.backing
+                            .dealloc_all(std::slice::from_raw_parts(r.slots.add(keep), n - keep));
+                        r.len = keep;
+                    })
+                };
+            }
+            // Counted before the push, so a concurrent pop cannot subtract first.
+            self.cached.fetch_add(keep, Ordering::Relaxed);
             self.full.push(mag);
-            Put::Cached
+            if keep == n {
+                Put::Cached
+            } else {
+                Put::Partial
+            }
         } else {
             // SAFETY: owned by the caller.
             unsafe { self.release_objects(mag) };
             self.empty.push(mag);
             Put::Overflowed
-        }
-    }
-
-    /// Claims room for `n` objects under the budget.
-    fn reserve(&self, n: usize) -> bool {
-        let mut cur = self.cached.load(Ordering::Relaxed);
-        loop {
-            if n > self.budget.saturating_sub(cur) {
-                return false;
-            }
-            match self.cached.compare_exchange_weak(
-                cur,
-                cur + n,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(now) => cur = now,
-            }
         }
     }
 
@@ -299,7 +317,7 @@ impl Depot {
             for_each_in_chain(&self.table, first, |mag| {
                 // SAFETY: the detached chain is owned here.
                 let n = unsafe { mag.len() };
-                self.cached.fetch_sub(n, Ordering::Relaxed);
+                self.uncharge(n);
                 // SAFETY: owned here.
                 unsafe { self.release_objects(mag) };
                 released += n;
@@ -335,7 +353,7 @@ impl Depot {
                 }
             });
         }
-        self.cached.store(0, Ordering::Relaxed);
+        self.uncharge(self.cached.load(Ordering::Relaxed));
     }
 }
 
@@ -344,11 +362,11 @@ mod tests {
     use super::*;
     use std::alloc::Layout;
 
-    fn depot(capacity: usize, budget: usize) -> Depot {
+    fn depot(capacity: usize, budget_objects: usize) -> Depot {
         Depot::new(
             Backing::new(Layout::new::<u64>(), None),
             capacity,
-            budget,
+            Arc::new(ByteBudget::new(budget_objects * 8)),
             32,
         )
     }

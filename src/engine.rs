@@ -16,6 +16,7 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 
 use crate::backing::{Backing, ObjectHooks};
+use crate::budget::ByteBudget;
 use crate::cache::{self, slots, Counters, Counts, ThreadCache};
 use crate::config::{bypass_from_env, CacheMode, Config};
 use crate::depot::{Depot, Put};
@@ -56,6 +57,7 @@ impl Engine {
         layout: Layout,
         config: Config,
         hooks: Option<ObjectHooks>,
+        budget: Option<Arc<ByteBudget>>,
     ) -> Self {
         let mode = if bypass_from_env() {
             CacheMode::Bypass
@@ -63,10 +65,7 @@ impl Engine {
             config.mode
         };
         let capacity = config.magazine_capacity(layout.size());
-        let budget = config
-            .depot_bytes
-            .checked_div(layout.size())
-            .unwrap_or(usize::MAX);
+        let budget = budget.unwrap_or_else(|| Arc::new(ByteBudget::new(config.depot_bytes)));
         let (slot, instance) = slots::claim();
         Engine {
             slot,
@@ -273,6 +272,10 @@ impl Engine {
         match unsafe { self.depot.put_full(mag) } {
             Put::Empty => {}
             Put::Cached => c.counters.spills.bump(1),
+            Put::Partial => {
+                c.counters.spills.bump(1);
+                c.counters.overflows.bump(1);
+            }
             Put::Overflowed => c.counters.overflows.bump(1),
         }
     }

@@ -32,6 +32,8 @@
 #![cfg_attr(loom, allow(dead_code, unreachable_pub))]
 
 mod backing;
+mod block_source;
+mod budget;
 mod cache;
 mod class;
 mod config;
@@ -39,14 +41,17 @@ mod debug;
 mod depot;
 mod engine;
 mod magazine;
+mod pool;
 mod recycle;
 mod registry;
 pub mod stats;
 mod sync;
 
+pub use block_source::{BlockSource, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE};
 pub use class::{AllocError, ClassAllocator, LocalCache, Pooled};
 pub use config::{CacheMode, Config, BYPASS_ENV, MAX_MAGAZINE_SIZE};
 pub use debug::POISON;
+pub use pool::{CleanupKey, Pool, PoolStats, PoolVec, PoolWriter, SubPool};
 pub use recycle::{Recycle, Recycled, RecyclingAllocator};
 pub use stats::Stats;
 

@@ -114,7 +114,7 @@ impl<T: Recycle> RecyclingAllocator<T> {
     #[cfg(not(loom))]
     pub const fn with_config(name: &'static str, config: Config) -> Self {
         RecyclingAllocator {
-            inner: ClassAllocator::with_hooks(name, config, Some(Self::HOOKS)),
+            inner: ClassAllocator::with_parts(name, config, Some(Self::HOOKS), None),
         }
     }
 
@@ -128,7 +128,7 @@ impl<T: Recycle> RecyclingAllocator<T> {
     #[cfg(loom)]
     pub fn with_config(name: &'static str, config: Config) -> Self {
         RecyclingAllocator {
-            inner: ClassAllocator::with_hooks(name, config, Some(Self::HOOKS)),
+            inner: ClassAllocator::with_parts(name, config, Some(Self::HOOKS), None),
         }
     }
 

@@ -100,6 +100,11 @@ impl StatCounter {
         self.0.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Subtracts `n` from any thread (a locked sub: slow paths only).
+    pub(crate) fn sub_shared(&self, n: u64) {
+        self.0.fetch_sub(n, Ordering::Relaxed);
+    }
+
     pub(crate) fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }

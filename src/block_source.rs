@@ -1,0 +1,337 @@
+//! Where pools get their blocks: APR's allocator, built on the class allocators.
+//!
+//! Blocks of 8, 16, 32 and 64 KiB come from four [`ClassAllocator`]s, so a pool created
+//! and cleared on a warm thread takes them from that thread's cache: no lock, no system
+//! call. Larger blocks (rounded up to 4 KiB) are kept in size buckets under a mutex, taken
+//! back most recent first; a cached block is not handed out for a request less than half
+//! its size (APR trunk's rule, so a small pool does not pin a big block). All of it is
+//! charged to one `max_free` byte budget: the class depots and the large buckets together
+//! never cache more than `max_free` bytes, and freed blocks beyond it go back to the
+//! system. (Each thread may also hold up to two magazines per block class in its own
+//! cache: at most 256 KiB per class per thread, and given back at thread exit, on
+//! `trim`, or by the idle collector.)
+
+use std::alloc::Layout;
+use std::collections::BTreeMap;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+#[cfg(not(loom))]
+use std::sync::OnceLock;
+
+use crate::budget::ByteBudget;
+use crate::class::ClassAllocator;
+use crate::config::Config;
+use crate::registry::Source;
+use crate::stats::Stats;
+use crate::sync::{self, Arc, Mutex, StatCounter};
+
+/// Sizes of the block classes served through per-thread caches.
+pub const BLOCK_CLASSES: [usize; 4] = [8 << 10, 16 << 10, 32 << 10, 64 << 10];
+
+/// Alignment of every block.
+pub const BLOCK_ALIGN: usize = 64;
+
+/// Large blocks are sized in multiples of this.
+const LARGE_GRAIN: usize = 4 << 10;
+
+/// The default `max_free`: 2 MiB, httpd's `MaxMemFree` (APR's own default is unlimited,
+/// which both httpd and Subversion override).
+pub const DEFAULT_MAX_FREE: usize = 2 << 20;
+
+/// Memory of one class block (uninitialised bytes).
+#[repr(C, align(64))]
+struct Block<const N: usize>(MaybeUninit<[u8; N]>);
+
+/// A block handed out by a [`BlockSource`]: `size` bytes at `ptr`, aligned to
+/// [`BLOCK_ALIGN`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawBlock {
+    /// Start of the block.
+    pub ptr: NonNull<u8>,
+    /// Its size in bytes.
+    pub size: usize,
+}
+
+/// A cached large block's address.
+struct Cached(NonNull<u8>);
+
+// SAFETY: a cached block is plain memory owned by the cache; it moves between threads
+// only under the cache's mutex.
+unsafe impl Send for Cached {}
+
+/// Cached large blocks: size → blocks, most recently freed last.
+#[derive(Default)]
+struct LargeBlocks {
+    buckets: BTreeMap<usize, Vec<Cached>>,
+}
+
+/// The large-block part of a source, registered for stats and `trim_all`.
+struct Large {
+    cache: Mutex<LargeBlocks>,
+    budget: Arc<ByteBudget>,
+    id: u64,
+    allocs: StatCounter,
+    frees: StatCounter,
+    cached_blocks: StatCounter,
+    system_allocs: StatCounter,
+    system_frees: StatCounter,
+}
+
+/// Hands out blocks of 8 KiB and more to pools, caching freed ones within a `max_free`
+/// byte budget. Safe to share between threads.
+///
+/// ```
+/// use proxalloc::BlockSource;
+/// let source = BlockSource::new(4 << 20); // Subversion's 4 MiB
+/// let block = source.alloc(10_000).unwrap();
+/// assert!(block.size >= 10_000);
+/// // SAFETY: the block came from `source` and is not used again.
+/// unsafe { source.free(block) };
+/// // The block sits in this thread's cache; handing the cache to the source's depots
+/// // charges it to `max_free`.
+/// source.release_thread_cache();
+/// assert_eq!(source.cached_bytes(), 16 << 10);
+/// ```
+pub struct BlockSource {
+    c8: ClassAllocator<Block<{ 8 << 10 }>>,
+    c16: ClassAllocator<Block<{ 16 << 10 }>>,
+    c32: ClassAllocator<Block<{ 32 << 10 }>>,
+    c64: ClassAllocator<Block<{ 64 << 10 }>>,
+    large: Arc<Large>,
+}
+
+impl BlockSource {
+    /// A source that caches at most `max_free` bytes of free blocks.
+    pub fn new(max_free: usize) -> Self {
+        let budget = Arc::new(ByteBudget::new(max_free));
+        let cfg = Config::new().magazine_size(8).thread_cache_bytes(256 << 10);
+        fn class<T>(
+            name: &'static str,
+            cfg: Config,
+            budget: &Arc<ByteBudget>,
+        ) -> ClassAllocator<T> {
+            ClassAllocator::with_parts(name, cfg, None, Some(budget.clone()))
+        }
+        let large = Arc::new(Large {
+            cache: Mutex::new(LargeBlocks::default()),
+            budget: budget.clone(),
+            id: crate::cache::slots::fresh_instance(),
+            allocs: StatCounter::new(),
+            frees: StatCounter::new(),
+            cached_blocks: StatCounter::new(),
+            system_allocs: StatCounter::new(),
+            system_frees: StatCounter::new(),
+        });
+        #[cfg(not(loom))]
+        crate::registry::register(&(large.clone() as Arc<dyn Source>));
+        BlockSource {
+            c8: class("pool-blocks-8K", cfg, &budget),
+            c16: class("pool-blocks-16K", cfg, &budget),
+            c32: class("pool-blocks-32K", cfg, &budget),
+            c64: class("pool-blocks-64K", cfg, &budget),
+            large,
+        }
+    }
+
+    /// The process-wide source that [`Pool::new`](crate::Pool::new) uses, with
+    /// [`DEFAULT_MAX_FREE`].
+    #[cfg(not(loom))]
+    pub fn global() -> &'static BlockSource {
+        static GLOBAL: OnceLock<BlockSource> = OnceLock::new();
+        GLOBAL.get_or_init(|| BlockSource::new(DEFAULT_MAX_FREE))
+    }
+
+    /// The `max_free` budget in bytes.
+    pub fn max_free(&self) -> usize {
+        self.large.budget.limit()
+    }
+
+    /// Bytes of free blocks cached by the source (class depots and large buckets; not
+    /// the blocks in threads' own caches). Never more than [`max_free`](Self::max_free).
+    pub fn cached_bytes(&self) -> usize {
+        self.large.budget.used()
+    }
+
+    /// Size of the block that serves a request of `size` bytes.
+    pub fn block_size(size: usize) -> usize {
+        match BLOCK_CLASSES.iter().find(|&&c| c >= size) {
+            Some(&c) => c,
+            None => size.div_ceil(LARGE_GRAIN).saturating_mul(LARGE_GRAIN),
+        }
+    }
+
+    /// A block of at least `size` bytes, or `None` if the system allocator fails.
+    pub fn alloc(&self, size: usize) -> Option<RawBlock> {
+        let size = Self::block_size(size);
+        let ptr = match size {
+            s if s == BLOCK_CLASSES[0] => self.c8.alloc_raw().ok()?.cast(),
+            s if s == BLOCK_CLASSES[1] => self.c16.alloc_raw().ok()?.cast(),
+            s if s == BLOCK_CLASSES[2] => self.c32.alloc_raw().ok()?.cast(),
+            s if s == BLOCK_CLASSES[3] => self.c64.alloc_raw().ok()?.cast(),
+            _ => return self.large.alloc(size),
+        };
+        Some(RawBlock { ptr, size })
+    }
+
+    /// Takes a block back.
+    ///
+    /// # Safety
+    /// `block` came from [`alloc`](Self::alloc) on this source, unchanged, and is not
+    /// used afterwards.
+    pub unsafe fn free(&self, block: RawBlock) {
+        // SAFETY: per the contract, the block came from the matching class.
+        unsafe {
+            match block.size {
+                s if s == BLOCK_CLASSES[0] => self.c8.free_raw(block.ptr.cast()),
+                s if s == BLOCK_CLASSES[1] => self.c16.free_raw(block.ptr.cast()),
+                s if s == BLOCK_CLASSES[2] => self.c32.free_raw(block.ptr.cast()),
+                s if s == BLOCK_CLASSES[3] => self.c64.free_raw(block.ptr.cast()),
+                _ => self.large.free(block),
+            }
+        }
+    }
+
+    /// Stats of the four block classes and of the large blocks, in that order.
+    pub fn stats(&self) -> [Stats; 5] {
+        [
+            self.c8.stats(),
+            self.c16.stats(),
+            self.c32.stats(),
+            self.c64.stats(),
+            self.large.stats(),
+        ]
+    }
+
+    /// Gives every cached block back to the system (the depots, the large buckets and the
+    /// calling thread's cache). Returns the bytes released.
+    pub fn trim(&self) -> usize {
+        self.c8.trim() + self.c16.trim() + self.c32.trim() + self.c64.trim() + self.large.trim()
+    }
+
+    /// Hands the calling thread's cached blocks to the source's depots.
+    pub fn release_thread_cache(&self) {
+        self.c8.release_thread_cache();
+        self.c16.release_thread_cache();
+        self.c32.release_thread_cache();
+        self.c64.release_thread_cache();
+    }
+}
+
+impl std::fmt::Debug for BlockSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockSource")
+            .field("max_free", &self.max_free())
+            .field("cached_bytes", &self.cached_bytes())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for BlockSource {
+    fn drop(&mut self) {
+        // The class allocators drop themselves (returning their cached blocks); the large
+        // cache is emptied here.
+        self.large.trim();
+    }
+}
+
+fn large_layout(size: usize) -> Layout {
+    Layout::from_size_align(size, BLOCK_ALIGN).expect("block size overflows")
+}
+
+impl Large {
+    fn alloc(&self, size: usize) -> Option<RawBlock> {
+        self.allocs.add_shared(1);
+        {
+            let mut cache = sync::lock(&self.cache);
+            // The smallest cached size that fits and is at most twice the request.
+            let hit = cache
+                .buckets
+                .range_mut(size..=size.saturating_mul(2))
+                .find_map(|(&s, list)| list.pop().map(|addr| (s, addr)));
+            if let Some((s, Cached(ptr))) = hit {
+                if cache.buckets.get(&s).is_some_and(Vec::is_empty) {
+                    cache.buckets.remove(&s);
+                }
+                drop(cache);
+                self.uncache(s);
+                return Some(RawBlock { ptr, size: s });
+            }
+        }
+        // SAFETY: non-zero size.
+        let ptr = NonNull::new(unsafe { sync::alloc(large_layout(size)) })?;
+        self.system_allocs.add_shared(1);
+        Some(RawBlock { ptr, size })
+    }
+
+    /// # Safety
+    /// As for [`BlockSource::free`].
+    unsafe fn free(&self, block: RawBlock) {
+        self.frees.add_shared(1);
+        if self.budget.reserve(block.size) {
+            self.cached_blocks.add_shared(1);
+            let mut cache = sync::lock(&self.cache);
+            cache
+                .buckets
+                .entry(block.size)
+                .or_default()
+                .push(Cached(block.ptr));
+        } else {
+            // SAFETY: allocated in `alloc` with this layout.
+            unsafe { sync::dealloc(block.ptr.as_ptr(), large_layout(block.size)) };
+            self.system_frees.add_shared(1);
+        }
+    }
+
+    /// Accounts for a cached block of `size` bytes leaving the cache.
+    fn uncache(&self, size: usize) {
+        self.budget.release(size);
+        self.cached_blocks.sub_shared(1);
+    }
+
+    fn trim(&self) -> usize {
+        let buckets = std::mem::take(&mut sync::lock(&self.cache).buckets);
+        let mut released = 0;
+        for (size, list) in buckets {
+            for Cached(p) in list {
+                self.uncache(size);
+                // SAFETY: a cached block, allocated with this layout, owned by the cache.
+                unsafe { sync::dealloc(p.as_ptr(), large_layout(size)) };
+                self.system_frees.add_shared(1);
+                released += size;
+            }
+        }
+        released
+    }
+
+    fn stats(&self) -> Stats {
+        let allocs = self.allocs.get();
+        let frees = self.frees.get();
+        Stats {
+            name: "pool-blocks-large",
+            id: self.id,
+            // Large blocks vary in size: the row counts blocks, not bytes.
+            object_size: 0,
+            allocs,
+            frees,
+            live: allocs.saturating_sub(frees),
+            cached_in_threads: 0,
+            cached_in_depot: self.cached_blocks.get(),
+            backing_allocs: self.system_allocs.get(),
+            backing_frees: self.system_frees.get(),
+            refills: 0,
+            spills: 0,
+            overflows: 0,
+            threads: 0,
+        }
+    }
+}
+
+impl Source for Large {
+    fn stats(&self) -> Option<Stats> {
+        Some(Large::stats(self))
+    }
+
+    fn trim(&self) -> usize {
+        Large::trim(self)
+    }
+}

@@ -1,0 +1,70 @@
+//! A byte budget for cached free memory, shared by one depot (a class allocator) or by
+//! several (the block classes of a pool block source share one `max_free`).
+
+use crossbeam_utils::CachePadded;
+
+use crate::sync::{AtomicUsize, Ordering};
+
+/// Bytes of free memory that may be cached, and how many are.
+#[derive(Debug)]
+pub struct ByteBudget {
+    used: CachePadded<AtomicUsize>,
+    limit: usize,
+}
+
+impl ByteBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> Self {
+        ByteBudget {
+            used: CachePadded::new(AtomicUsize::new(0)),
+            limit,
+        }
+    }
+
+    /// Claims `bytes`; false (claiming nothing) if that would pass the limit.
+    pub fn reserve(&self, bytes: usize) -> bool {
+        bytes == 0 || self.reserve_up_to(1, bytes) == 1
+    }
+
+    /// Claims room for as many of `n` objects of `size` bytes as fit (all of them when
+    /// `size` is 0) and returns that number. The count is a plain number (nothing is
+    /// published through it), so `Relaxed` suffices.
+    pub fn reserve_up_to(&self, n: usize, size: usize) -> usize {
+        if size == 0 {
+            return n;
+        }
+        let mut cur = self.used.load(Ordering::Relaxed);
+        loop {
+            let k = n.min(self.limit.saturating_sub(cur) / size);
+            if k == 0 {
+                return 0;
+            }
+            match self.used.compare_exchange_weak(
+                cur,
+                cur + k * size,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return k,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Gives back `bytes` claimed earlier.
+    pub fn release(&self, bytes: usize) {
+        if bytes > 0 {
+            self.used.fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes claimed now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// The limit in bytes.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+}

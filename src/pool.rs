@@ -1,0 +1,1196 @@
+//! Pools in the manner of Apache APR: bump allocation in blocks drawn from a
+//! [`BlockSource`], freed all at once by [`Pool::clear`], with subpools and cleanups.
+//!
+//! The borrow checker does what APR's debug modes check at run time: allocation takes
+//! `&self` and returns references tied to that borrow, and `clear` takes `&mut self`, so
+//! no reference survives a clear:
+//!
+//! ```compile_fail
+//! let mut pool = proxalloc::Pool::new();
+//! let s = pool.alloc_str("request line");
+//! pool.clear();        // error: `pool` is borrowed by `s`
+//! println!("{s}");
+//! ```
+//!
+//! A subpool borrows its parent, so the parent cannot be cleared (or dropped) while the
+//! child lives:
+//!
+//! ```compile_fail
+//! let mut parent = proxalloc::Pool::new();
+//! let child = parent.subpool();
+//! parent.clear();      // error: `parent` is borrowed by `child`
+//! drop(child);
+//! ```
+
+use std::alloc::Layout;
+use std::any::Any;
+use std::cell::UnsafeCell;
+use std::fmt;
+use std::marker::PhantomData;
+use std::mem::{align_of, size_of, ManuallyDrop};
+use std::ops::{Deref, DerefMut};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::ptr::{self, NonNull};
+
+use crate::block_source::{BlockSource, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES};
+use crate::class::AllocError;
+use crate::debug::POISON;
+
+/// Bytes at the start of every block holding its header (one cache line, so the data
+/// that follows keeps the block's alignment).
+const HEADER: usize = 64;
+/// The largest block a pool grows to; bigger requests get a block of their own.
+const LARGEST: usize = BLOCK_CLASSES[BLOCK_CLASSES.len() - 1];
+
+#[repr(C)]
+struct BlockHeader {
+    next: *mut BlockHeader,
+    size: usize,
+    /// Where free room starts, for a block that is not the active one.
+    free: *mut u8,
+}
+
+const _: () =
+    assert!(size_of::<BlockHeader>() <= HEADER && BLOCK_ALIGN >= align_of::<BlockHeader>());
+
+impl BlockHeader {
+    fn data(this: *mut BlockHeader) -> *mut u8 {
+        this.cast::<u8>().wrapping_add(HEADER)
+    }
+
+    /// # Safety
+    /// `this` is a live block header.
+    unsafe fn end(this: *mut BlockHeader) -> *mut u8 {
+        // SAFETY: per the contract.
+        this.cast::<u8>().wrapping_add(unsafe { (*this).size })
+    }
+
+    /// # Safety
+    /// As for [`end`](Self::end).
+    unsafe fn room(this: *mut BlockHeader) -> usize {
+        // SAFETY: per the contract.
+        unsafe { Self::end(this).addr() - (*this).free.addr() }
+    }
+
+    /// # Safety
+    /// `this` is a live block header.
+    unsafe fn raw(this: *mut BlockHeader) -> RawBlock {
+        RawBlock {
+            // SAFETY: headers are never null.
+            ptr: unsafe { NonNull::new_unchecked(this.cast()) },
+            // SAFETY: per the contract.
+            size: unsafe { (*this).size },
+        }
+    }
+}
+
+/// A registered cleanup: a closure or a value's destructor, in pool memory.
+#[repr(C)]
+struct CleanupHeader {
+    next: *mut CleanupHeader,
+    /// Runs (or, with `false`, only drops) the cleanup. Called at most once.
+    run: unsafe fn(*mut CleanupHeader, bool),
+    live: bool,
+}
+
+#[repr(C)]
+struct ClosureNode<F> {
+    header: CleanupHeader,
+    f: ManuallyDrop<F>,
+}
+
+/// # Safety
+/// `h` heads a live `ClosureNode<F>` whose closure has not been taken.
+unsafe fn run_closure<F: FnOnce()>(h: *mut CleanupHeader, call: bool) {
+    // SAFETY: per the contract; the closure is taken exactly once.
+    let f = unsafe { ManuallyDrop::take(&mut (*h.cast::<ClosureNode<F>>()).f) };
+    if call {
+        f();
+    }
+}
+
+#[repr(C)]
+struct OwnedNode<T> {
+    header: CleanupHeader,
+    value: T,
+}
+
+/// # Safety
+/// `h` heads a live `OwnedNode<T>` whose value has not been dropped.
+unsafe fn drop_owned<T>(h: *mut CleanupHeader, _call: bool) {
+    // SAFETY: per the contract.
+    unsafe { ptr::drop_in_place(&mut (*h.cast::<OwnedNode<T>>()).value) };
+}
+
+impl State {
+    /// Moves the active block to the retained list.
+    ///
+    /// # Safety
+    /// `active` is a live header (or null).
+    unsafe fn retire_active(&mut self) {
+        if self.active.is_null() {
+            return;
+        }
+        // SAFETY: per the contract.
+        unsafe {
+            (*self.active).free = self.cursor;
+            (*self.active).next = self.retained;
+        }
+        self.retained = self.active;
+        self.active = ptr::null_mut();
+    }
+
+    /// # Safety
+    /// `block` is a live header owned by the pool, not on any list.
+    unsafe fn activate(&mut self, block: *mut BlockHeader, cursor: *mut u8) {
+        self.active = block;
+        self.cursor = cursor;
+        // SAFETY: per the contract.
+        self.end = unsafe { BlockHeader::end(block) };
+        self.last = ptr::null_mut();
+    }
+}
+
+struct State {
+    /// The block `clear` keeps (null until the first allocation).
+    first: *mut BlockHeader,
+    /// The block being bumped.
+    active: *mut BlockHeader,
+    cursor: *mut u8,
+    end: *mut u8,
+    /// Blocks held besides the active one (their `free` fields are current).
+    retained: *mut BlockHeader,
+    /// Blocks of their own for requests larger than the largest class.
+    large: *mut BlockHeader,
+    /// Start of the most recent allocation (for in-place growth), or null.
+    last: *mut u8,
+    cleanups: *mut CleanupHeader,
+    next_block: usize,
+    used: usize,
+    high_water: usize,
+    blocks: usize,
+    retained_bytes: usize,
+    cleanup_count: usize,
+    /// Debug mode: every allocation is its own heap block.
+    debug_blocks: Vec<(NonNull<u8>, Layout)>,
+}
+
+/// Counters of one pool, from [`Pool::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Bytes handed out since the last clear (alignment padding included).
+    pub used_bytes: usize,
+    /// Bytes of blocks the pool holds now.
+    pub retained_bytes: usize,
+    /// Blocks the pool holds now.
+    pub blocks: usize,
+    /// The most `used_bytes` ever reached.
+    pub high_water: usize,
+    /// Cleanups and owned values registered and not yet run.
+    pub cleanups: usize,
+}
+
+/// A pool: allocate with `&self`, free everything at once with [`clear`](Self::clear) or
+/// by dropping it.
+///
+/// ```
+/// use proxalloc::Pool;
+///
+/// let mut pool = Pool::new();
+/// for request in ["GET / HTTP/1.1", "GET /a HTTP/1.1"] {
+///     let line = pool.alloc_str(request);
+///     let words: &mut [&str] = pool.alloc_slice_fill_with(3, |i| line.split(' ').nth(i).unwrap());
+///     assert_eq!(words[1].as_bytes()[0], b'/');
+///     let status = proxalloc::pformat!(pool, "{} {}", 200, "OK");
+///     assert_eq!(status, "200 OK");
+///     pool.clear(); // everything above is gone; the first block is kept for the next one
+/// }
+/// ```
+///
+/// A pool is `Send` (it can move to another thread, and its blocks are freed into that
+/// thread's cache) but not `Sync`.
+pub struct Pool<'s> {
+    source: &'s BlockSource,
+    state: UnsafeCell<State>,
+    debug: bool,
+    _not_sync: PhantomData<*mut ()>,
+}
+
+// SAFETY: the pool owns its blocks and cleanups exclusively; the closures and owned
+// values it holds are `Send` (required at registration); the source is `Sync`.
+unsafe impl Send for Pool<'_> {}
+
+#[cfg(not(loom))]
+impl Pool<'static> {
+    /// A pool drawing from [`BlockSource::global`]. Takes no memory until first used.
+    pub fn new() -> Self {
+        Pool::with_source(BlockSource::global())
+    }
+
+    /// A debug pool on the global source: every allocation is its own heap block, and
+    /// `clear` poisons memory (with [`POISON`]) before freeing it, so valgrind or ASan
+    /// find a use after clear in unsafe code that escaped the borrow checker.
+    pub fn new_debug() -> Self {
+        Pool::with_source_debug(BlockSource::global(), true)
+    }
+}
+
+#[cfg(not(loom))]
+impl Default for Pool<'static> {
+    fn default() -> Self {
+        Pool::new()
+    }
+}
+
+impl<'s> Pool<'s> {
+    /// A pool drawing its blocks from `source`.
+    pub fn with_source(source: &'s BlockSource) -> Self {
+        Self::with_source_debug(source, false)
+    }
+
+    /// A pool drawing from `source`, in debug mode if `debug` (see
+    /// [`new_debug`](Pool::new_debug)).
+    pub fn with_source_debug(source: &'s BlockSource, debug: bool) -> Self {
+        Pool {
+            source,
+            state: UnsafeCell::new(State {
+                first: ptr::null_mut(),
+                active: ptr::null_mut(),
+                cursor: ptr::null_mut(),
+                end: ptr::null_mut(),
+                retained: ptr::null_mut(),
+                large: ptr::null_mut(),
+                last: ptr::null_mut(),
+                cleanups: ptr::null_mut(),
+                next_block: BLOCK_CLASSES[0],
+                used: 0,
+                high_water: 0,
+                blocks: 0,
+                retained_bytes: 0,
+                cleanup_count: 0,
+                debug_blocks: Vec::new(),
+            }),
+            debug,
+            _not_sync: PhantomData,
+        }
+    }
+
+    /// The block source.
+    pub fn source(&self) -> &'s BlockSource {
+        self.source
+    }
+
+    /// The pool's state. Only ever borrowed inside one method call, never across user
+    /// code, so two borrows never overlap.
+    #[allow(clippy::mut_from_ref)]
+    #[inline(always)]
+    fn st(&self) -> &mut State {
+        // SAFETY: `Pool` is `!Sync`, and no method holds this borrow while calling out
+        // to user code or to another method that takes it.
+        unsafe { &mut *self.state.get() }
+    }
+
+    /// Allocates memory for `layout` (uninitialised), or an error if the source fails.
+    #[inline]
+    pub fn try_alloc_layout(&self, layout: Layout) -> Result<NonNull<u8>, AllocError> {
+        if layout.size() == 0 {
+            return Ok(dangling(layout.align()));
+        }
+        if !self.debug {
+            let st = self.st();
+            let pad = st.cursor.addr().wrapping_neg() & (layout.align() - 1);
+            let avail = st.end.addr() - st.cursor.addr();
+            if pad <= avail && layout.size() <= avail - pad {
+                let start = st.cursor.wrapping_add(pad);
+                st.cursor = start.wrapping_add(layout.size());
+                st.last = start;
+                st.used += pad + layout.size();
+                // SAFETY: inside the active block, so non-null.
+                return Ok(unsafe { NonNull::new_unchecked(start) });
+            }
+        }
+        self.alloc_slow(layout)
+    }
+
+    /// Allocates memory for `layout` (uninitialised).
+    ///
+    /// # Panics
+    /// Through [`std::alloc::handle_alloc_error`] if the source fails.
+    #[inline]
+    pub fn alloc_layout(&self, layout: Layout) -> NonNull<u8> {
+        self.try_alloc_layout(layout)
+            .unwrap_or_else(|_| std::alloc::handle_alloc_error(layout))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(&self, layout: Layout) -> Result<NonNull<u8>, AllocError> {
+        if self.debug {
+            return self.debug_alloc(layout);
+        }
+        let st = self.st();
+        let need = layout.size() + layout.align().max(1) - 1;
+        if HEADER + need > LARGEST {
+            return self.alloc_large(layout, need);
+        }
+        // APR's probe: the retained block with the most room, if it fits.
+        // SAFETY: retained blocks are live headers owned by the pool.
+        if let Some(best) = unsafe { best_retained(st.retained) } {
+            // SAFETY: as above.
+            if unsafe { BlockHeader::room(best) } >= need {
+                // SAFETY: as above.
+                unsafe {
+                    unlink(&mut st.retained, best);
+                    st.retire_active();
+                    st.activate(best, (*best).free);
+                }
+                return self.try_alloc_layout(layout);
+            }
+        }
+        let size = st.next_block.max(BlockSource::block_size(HEADER + need));
+        let block = self.source.alloc(size).ok_or(AllocError)?;
+        let header = block.ptr.as_ptr().cast::<BlockHeader>();
+        // SAFETY: a fresh block, large enough for its header.
+        unsafe {
+            header.write(BlockHeader {
+                next: ptr::null_mut(),
+                size: block.size,
+                free: BlockHeader::data(header),
+            })
+        };
+        st.blocks += 1;
+        st.retained_bytes += block.size;
+        st.next_block = (block.size * 2).min(LARGEST);
+        if st.first.is_null() {
+            st.first = header;
+        }
+        // SAFETY: the active block is a live header (or null); `header` is a live header
+        // owned by the pool, on no list.
+        unsafe {
+            st.retire_active();
+            st.activate(header, BlockHeader::data(header));
+        }
+        self.try_alloc_layout(layout)
+    }
+
+    /// A block of its own for a request larger than the largest class.
+    fn alloc_large(&self, layout: Layout, need: usize) -> Result<NonNull<u8>, AllocError> {
+        let st = self.st();
+        let block = self.source.alloc(HEADER + need).ok_or(AllocError)?;
+        let header = block.ptr.as_ptr().cast::<BlockHeader>();
+        let data = BlockHeader::data(header);
+        let start = data.wrapping_add(data.addr().wrapping_neg() & (layout.align() - 1));
+        // SAFETY: a fresh block, large enough for its header.
+        unsafe {
+            header.write(BlockHeader {
+                next: st.large,
+                size: block.size,
+                free: start.wrapping_add(layout.size()),
+            })
+        };
+        st.large = header;
+        st.blocks += 1;
+        st.retained_bytes += block.size;
+        st.used += layout.size();
+        st.high_water = st.high_water.max(st.used);
+        // SAFETY: inside the block.
+        Ok(unsafe { NonNull::new_unchecked(start) })
+    }
+
+    fn debug_alloc(&self, layout: Layout) -> Result<NonNull<u8>, AllocError> {
+        let layout = layout.align_to(16).map_err(|_| AllocError)?;
+        // SAFETY: non-zero size (zero-sized requests never get here).
+        let p = NonNull::new(unsafe { std::alloc::alloc(layout) }).ok_or(AllocError)?;
+        let st = self.st();
+        st.debug_blocks.push((p, layout));
+        st.used += layout.size();
+        st.high_water = st.high_water.max(st.used);
+        Ok(p)
+    }
+
+    /// Grows the allocation at `ptr` from `old` to `new` bytes (`new >= old`), in place
+    /// when it is the pool's most recent allocation and its block has room, else by
+    /// copying into a new allocation. Returns the (possibly new) start.
+    ///
+    /// # Safety
+    /// `ptr` came from this pool with `Layout::from_size_align(old, align)` (or grew to
+    /// `old` through this function), and no reference into it is live.
+    pub(crate) unsafe fn grow(
+        &self,
+        ptr: NonNull<u8>,
+        old: usize,
+        new: usize,
+        align: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
+        let st = self.st();
+        if !self.debug && st.last == ptr.as_ptr() && new - old <= st.end.addr() - st.cursor.addr() {
+            st.cursor = st.cursor.wrapping_add(new - old);
+            st.used += new - old;
+            st.high_water = st.high_water.max(st.used);
+            return Ok(ptr);
+        }
+        let layout = Layout::from_size_align(new, align).map_err(|_| AllocError)?;
+        let fresh = self.try_alloc_layout(layout)?;
+        // SAFETY: both regions are valid for `old` bytes and distinct.
+        unsafe { ptr::copy_nonoverlapping(ptr.as_ptr(), fresh.as_ptr(), old) };
+        Ok(fresh)
+    }
+
+    /// Gives back the end of the allocation at `ptr` (shrinking it to `new` bytes) when
+    /// it is the pool's most recent one; otherwise nothing happens.
+    ///
+    /// # Safety
+    /// `ptr` is an allocation of this pool of at least `new` bytes ending at the cursor
+    /// if it is the last one.
+    pub(crate) unsafe fn shrink_last(&self, ptr: NonNull<u8>, new: usize) {
+        let st = self.st();
+        if !self.debug && st.last == ptr.as_ptr() {
+            let old_end = st.cursor;
+            st.cursor = ptr.as_ptr().wrapping_add(new);
+            st.used -= old_end.addr() - st.cursor.addr();
+        }
+    }
+
+    /// Allocates `value` and returns it. It is never dropped (like bumpalo): use
+    /// [`alloc_owned`](Self::alloc_owned) for values whose destructor must run.
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    pub fn alloc<T>(&self, value: T) -> &mut T {
+        self.alloc_with(|| value)
+    }
+
+    /// Allocates the value `init` returns, written straight into pool memory.
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    pub fn alloc_with<T>(&self, init: impl FnOnce() -> T) -> &mut T {
+        let p = self.alloc_layout(Layout::new::<T>()).cast::<T>();
+        // SAFETY: fresh memory for one `T`, handed out once.
+        unsafe {
+            p.as_ptr().write(init());
+            &mut *p.as_ptr()
+        }
+    }
+
+    /// Allocates `value`, or returns it back with the error if the source fails.
+    #[allow(clippy::mut_from_ref)]
+    pub fn try_alloc<T>(&self, value: T) -> Result<&mut T, (AllocError, T)> {
+        match self.try_alloc_layout(Layout::new::<T>()) {
+            // SAFETY: fresh memory for one `T`, handed out once.
+            Ok(p) => unsafe {
+                let p = p.cast::<T>().as_ptr();
+                p.write(value);
+                Ok(&mut *p)
+            },
+            Err(e) => Err((e, value)),
+        }
+    }
+
+    /// Allocates `value` and drops it when the pool is cleared or dropped (destructors
+    /// run last-registered first, interleaved with [`on_clear`](Self::on_clear)
+    /// cleanups; if one panics the others still run and the panic continues after).
+    ///
+    /// `T: 'static` keeps a destructor from reading other pool memory, which may be
+    /// gone by the time it runs.
+    #[allow(clippy::mut_from_ref)]
+    pub fn alloc_owned<T: Send + 'static>(&self, value: T) -> &mut T {
+        if !std::mem::needs_drop::<T>() {
+            return self.alloc(value);
+        }
+        let node = self
+            .alloc_layout(Layout::new::<OwnedNode<T>>())
+            .cast::<OwnedNode<T>>();
+        let st = self.st();
+        // SAFETY: fresh memory for the node, handed out once.
+        unsafe {
+            node.as_ptr().write(OwnedNode {
+                header: CleanupHeader {
+                    next: st.cleanups,
+                    run: drop_owned::<T>,
+                    live: true,
+                },
+                value,
+            });
+            st.cleanups = node.as_ptr().cast();
+            st.cleanup_count += 1;
+            &mut (*node.as_ptr()).value
+        }
+    }
+
+    /// Registers `f` to run when the pool is cleared or dropped (last registered runs
+    /// first, APR's order). Cancel it with [`cancel`](Self::cancel).
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// static CLOSED: AtomicUsize = AtomicUsize::new(0);
+    /// let mut pool = proxalloc::Pool::new();
+    /// pool.on_clear(|| { CLOSED.fetch_add(1, Ordering::Relaxed); });
+    /// let key = pool.on_clear(|| unreachable!());
+    /// pool.cancel(key);
+    /// pool.clear();
+    /// assert_eq!(CLOSED.load(Ordering::Relaxed), 1);
+    /// ```
+    pub fn on_clear(&self, f: impl FnOnce() + Send + 'static) -> CleanupKey<'_> {
+        let node = self.alloc_with(|| ClosureNode {
+            header: CleanupHeader {
+                next: ptr::null_mut(),
+                run: run_closure_of(&f),
+                live: true,
+            },
+            f: ManuallyDrop::new(f),
+        });
+        let header: *mut CleanupHeader = (node as *mut ClosureNode<_>).cast();
+        let st = self.st();
+        // SAFETY: the node was just allocated and initialised.
+        unsafe { (*header).next = st.cleanups };
+        st.cleanups = header;
+        st.cleanup_count += 1;
+        CleanupKey {
+            node: header,
+            pool: self.state.get().cast_const().cast(),
+            _pool: PhantomData,
+        }
+    }
+
+    /// Cancels a cleanup registered with [`on_clear`](Self::on_clear): its closure is
+    /// dropped without running.
+    ///
+    /// # Panics
+    /// If `key` belongs to another pool.
+    pub fn cancel(&self, key: CleanupKey<'_>) {
+        assert!(
+            ptr::eq(key.pool, self.state.get().cast_const().cast()),
+            "proxalloc: cleanup key of another pool"
+        );
+        // SAFETY: the key borrows this pool, so the node is live and registered here, and
+        // a key is consumed once, so its closure is still there.
+        unsafe {
+            (*key.node).live = false;
+            ((*key.node).run)(key.node, false);
+        }
+        self.st().cleanup_count -= 1;
+    }
+
+    /// Copies `s` into the pool.
+    #[allow(clippy::mut_from_ref)]
+    pub fn alloc_str(&self, s: &str) -> &mut str {
+        let bytes = self.alloc_slice_copy(s.as_bytes());
+        // SAFETY: a copy of a `str`.
+        unsafe { std::str::from_utf8_unchecked_mut(bytes) }
+    }
+
+    /// Copies `src` into the pool.
+    #[allow(clippy::mut_from_ref)]
+    pub fn alloc_slice_copy<T: Copy>(&self, src: &[T]) -> &mut [T] {
+        let layout = Layout::for_value(src);
+        let p = self.alloc_layout(layout).cast::<T>();
+        // SAFETY: fresh memory for `src.len()` values, handed out once.
+        unsafe {
+            ptr::copy_nonoverlapping(src.as_ptr(), p.as_ptr(), src.len());
+            std::slice::from_raw_parts_mut(p.as_ptr(), src.len())
+        }
+    }
+
+    /// Allocates `len` values made by `f(0)`, `f(1)`, ... (never dropped, like
+    /// [`alloc`](Self::alloc)). If `f` panics, the values made so far are leaked.
+    #[allow(clippy::mut_from_ref)]
+    pub fn alloc_slice_fill_with<T>(&self, len: usize, mut f: impl FnMut(usize) -> T) -> &mut [T] {
+        let layout = Layout::array::<T>(len).expect("slice too large");
+        let p = self.alloc_layout(layout).cast::<T>();
+        for i in 0..len {
+            // SAFETY: inside the fresh allocation.
+            unsafe { p.as_ptr().add(i).write(f(i)) };
+        }
+        // SAFETY: all `len` values initialised, handed out once.
+        unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), len) }
+    }
+
+    /// Formats `args` straight into pool memory (APR's `apr_psprintf`); see also the
+    /// [`pformat!`](crate::pformat) macro.
+    #[allow(clippy::mut_from_ref)]
+    pub fn alloc_fmt(&self, args: fmt::Arguments<'_>) -> &mut str {
+        if let Some(s) = args.as_str() {
+            return self.alloc_str(s);
+        }
+        let mut w = PoolWriter::new(self);
+        fmt::Write::write_fmt(&mut w, args)
+            .expect("a formatting trait implementation returned an error");
+        // SAFETY: only `fmt::Write` wrote to it, so it holds UTF-8.
+        unsafe { std::str::from_utf8_unchecked_mut(w.finish()) }
+    }
+
+    /// A child pool drawing from the same source. It borrows this pool, so this pool can
+    /// be neither cleared nor dropped while the child lives (APR's "clearing a pool
+    /// destroys its children" becomes a compile-time rule). Clear the child on its own to
+    /// reuse its memory: the iterpool idiom.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let mut iterpool = pool.subpool();
+    /// for i in 0..1000 {
+    ///     iterpool.clear();
+    ///     let scratch = iterpool.alloc_slice_fill_with(100, |j| i * j);
+    ///     assert_eq!(scratch[99], i * 99);
+    /// }
+    /// ```
+    pub fn subpool(&self) -> SubPool<'_, 's> {
+        SubPool {
+            pool: Pool::with_source_debug(self.source, self.debug),
+            _parent: PhantomData,
+        }
+    }
+
+    /// Runs `f` with a fresh subpool, freed when `f` returns.
+    pub fn scope<R>(&self, f: impl FnOnce(&Pool<'s>) -> R) -> R {
+        let sub = self.subpool();
+        f(&sub)
+    }
+
+    /// A writer that appends to a buffer in pool memory (see [`PoolWriter`]).
+    pub fn writer(&self) -> PoolWriter<'_, 's> {
+        PoolWriter::new(self)
+    }
+
+    /// The pool's counters.
+    pub fn stats(&self) -> PoolStats {
+        let st = self.st();
+        st.high_water = st.high_water.max(st.used);
+        PoolStats {
+            used_bytes: st.used,
+            retained_bytes: st.retained_bytes,
+            blocks: st.blocks,
+            high_water: st.high_water,
+            cleanups: st.cleanup_count,
+        }
+    }
+
+    /// Runs every cleanup and owned value's destructor (last registered first) and frees
+    /// every block but the first, keeping it for the next use. If cleanups panic, all the
+    /// others still run and the memory is still freed; then the first panic continues.
+    pub fn clear(&mut self) {
+        let panic = self.run_cleanups();
+        self.release_blocks(false);
+        if let Some(p) = panic {
+            resume_unwind(p);
+        }
+    }
+
+    fn run_cleanups(&mut self) -> Option<Box<dyn Any + Send>> {
+        let mut first_panic = None;
+        loop {
+            let st = self.st();
+            let node = st.cleanups;
+            if node.is_null() {
+                break;
+            }
+            // SAFETY: registered nodes are live pool memory; each runs once, after it
+            // is unlinked (so a cleanup that registers another is safe).
+            unsafe {
+                st.cleanups = (*node).next;
+                if (*node).live {
+                    (*node).live = false;
+                    st.cleanup_count -= 1;
+                    let run = (*node).run;
+                    if let Err(p) = catch_unwind(AssertUnwindSafe(|| run(node, true))) {
+                        first_panic.get_or_insert(p);
+                    }
+                }
+            }
+        }
+        first_panic
+    }
+
+    /// Returns blocks to the source: all but the first (`clear`), or all (`drop`).
+    fn release_blocks(&mut self, all: bool) {
+        let st = self.state.get_mut();
+        for (p, layout) in st.debug_blocks.drain(..) {
+            // SAFETY: each debug allocation is its own heap block, freed once here.
+            unsafe {
+                p.as_ptr().write_bytes(POISON, layout.size());
+                std::alloc::dealloc(p.as_ptr(), layout);
+            }
+        }
+        let mut lists = [st.retained, st.large];
+        if st.active != st.first {
+            // SAFETY: the active block is a live header owned by the pool.
+            unsafe { (*st.active).next = lists[0] };
+            lists[0] = st.active;
+        }
+        for mut b in lists {
+            while !b.is_null() {
+                // SAFETY: blocks on the lists are live headers owned by the pool; each is
+                // freed once (the first block, which may be on the retained list after a
+                // probe made another block active, is handled below).
+                unsafe {
+                    let next = (*b).next;
+                    if b != st.first {
+                        self.source.free(BlockHeader::raw(b));
+                    }
+                    b = next;
+                }
+            }
+        }
+        st.retained = ptr::null_mut();
+        st.large = ptr::null_mut();
+        st.used = 0;
+        st.last = ptr::null_mut();
+        if st.first.is_null() {
+            st.blocks = 0;
+            st.retained_bytes = 0;
+            return;
+        }
+        if all {
+            // SAFETY: the first block is a live header owned by the pool.
+            unsafe { self.source.free(BlockHeader::raw(st.first)) };
+            st.first = ptr::null_mut();
+            st.active = ptr::null_mut();
+            st.cursor = ptr::null_mut();
+            st.end = ptr::null_mut();
+            st.blocks = 0;
+            st.retained_bytes = 0;
+        } else {
+            let first = st.first;
+            // SAFETY: as above.
+            unsafe {
+                st.retained_bytes = (*first).size;
+                st.blocks = 1;
+                st.active = first;
+                st.cursor = BlockHeader::data(first);
+                st.end = BlockHeader::end(first);
+            }
+            if self.debug {
+                // SAFETY: the block's data area is the pool's; poison what was used.
+                unsafe {
+                    st.cursor
+                        .write_bytes(POISON, st.end.addr() - st.cursor.addr())
+                };
+            }
+        }
+        st.next_block = BLOCK_CLASSES[0];
+    }
+}
+
+impl Drop for Pool<'_> {
+    fn drop(&mut self) {
+        let panic = self.run_cleanups();
+        self.release_blocks(true);
+        if let Some(p) = panic {
+            if !std::thread::panicking() {
+                resume_unwind(p);
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Pool<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("stats", &self.stats())
+            .field("debug", &self.debug)
+            .finish_non_exhaustive()
+    }
+}
+
+fn run_closure_of<F: FnOnce()>(_: &F) -> unsafe fn(*mut CleanupHeader, bool) {
+    run_closure::<F>
+}
+
+fn dangling(align: usize) -> NonNull<u8> {
+    // SAFETY: alignments are non-zero.
+    unsafe { NonNull::new_unchecked(ptr::without_provenance_mut(align)) }
+}
+
+/// The block with the most room on a list.
+///
+/// # Safety
+/// The list is made of live headers.
+unsafe fn best_retained(mut b: *mut BlockHeader) -> Option<*mut BlockHeader> {
+    let mut best: Option<(*mut BlockHeader, usize)> = None;
+    while !b.is_null() {
+        // SAFETY: per the contract.
+        let room = unsafe { BlockHeader::room(b) };
+        if best.is_none_or(|(_, r)| room > r) {
+            best = Some((b, room));
+        }
+        // SAFETY: per the contract.
+        b = unsafe { (*b).next };
+    }
+    best.map(|(b, _)| b)
+}
+
+/// Removes `target` from the list at `head`.
+///
+/// # Safety
+/// The list is made of live headers and contains `target`.
+unsafe fn unlink(head: &mut *mut BlockHeader, target: *mut BlockHeader) {
+    let mut link: *mut *mut BlockHeader = head;
+    // SAFETY: per the contract.
+    unsafe {
+        while *link != target {
+            link = &mut (**link).next;
+        }
+        *link = (*target).next;
+        (*target).next = ptr::null_mut();
+    }
+}
+
+/// A cleanup registered with [`Pool::on_clear`], to [`cancel`](Pool::cancel) it.
+pub struct CleanupKey<'p> {
+    node: *mut CleanupHeader,
+    pool: *const (),
+    _pool: PhantomData<&'p ()>,
+}
+
+impl fmt::Debug for CleanupKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CleanupKey").finish_non_exhaustive()
+    }
+}
+
+/// A child pool from [`Pool::subpool`]: a [`Pool`] that borrows its parent.
+pub struct SubPool<'p, 's> {
+    pool: Pool<'s>,
+    _parent: PhantomData<&'p Pool<'s>>,
+}
+
+impl<'s> SubPool<'_, 's> {
+    /// Clears the child (see [`Pool::clear`]).
+    pub fn clear(&mut self) {
+        self.pool.clear();
+    }
+}
+
+impl<'s> Deref for SubPool<'_, 's> {
+    type Target = Pool<'s>;
+    fn deref(&self) -> &Pool<'s> {
+        &self.pool
+    }
+}
+
+impl fmt::Debug for SubPool<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("SubPool").field(&self.pool).finish()
+    }
+}
+
+/// Builds bytes in pool memory, coalescing many small writes into one growing buffer
+/// (grown in place while it is the pool's most recent allocation). Implements
+/// [`fmt::Write`] and [`std::io::Write`].
+///
+/// ```
+/// use std::io::Write;
+/// let pool = proxalloc::Pool::new();
+/// let mut w = pool.writer();
+/// write!(w, "HTTP/1.1 {} {}\r\n", 200, "OK").unwrap();
+/// for (k, v) in [("a", "1"), ("b", "2")] {
+///     w.write_all(k.as_bytes()).unwrap();
+///     w.write_all(b": ").unwrap();
+///     w.write_all(v.as_bytes()).unwrap();
+///     w.write_all(b"\r\n").unwrap();
+/// }
+/// let response: &[u8] = w.finish();
+/// assert_eq!(response, b"HTTP/1.1 200 OK\r\na: 1\r\nb: 2\r\n");
+/// ```
+pub struct PoolWriter<'p, 's> {
+    pool: &'p Pool<'s>,
+    buf: NonNull<u8>,
+    len: usize,
+    cap: usize,
+}
+
+impl<'p, 's> PoolWriter<'p, 's> {
+    fn new(pool: &'p Pool<'s>) -> Self {
+        PoolWriter {
+            pool,
+            buf: dangling(1),
+            len: 0,
+            cap: 0,
+        }
+    }
+
+    /// Appends `bytes`.
+    ///
+    /// # Panics
+    /// Through [`std::alloc::handle_alloc_error`] if the pool's source fails.
+    pub fn push_bytes(&mut self, bytes: &[u8]) {
+        if bytes.len() > self.cap - self.len {
+            let want = (self.len + bytes.len()).max(self.cap * 2).max(64);
+            self.buf = if self.cap == 0 {
+                self.pool
+                    .alloc_layout(Layout::array::<u8>(want).expect("too large"))
+            } else {
+                // SAFETY: the buffer is this pool's, `cap` bytes, byte-aligned.
+                unsafe { self.pool.grow(self.buf, self.cap, want, 1) }.unwrap_or_else(|_| {
+                    std::alloc::handle_alloc_error(Layout::array::<u8>(want).unwrap())
+                })
+            };
+            self.cap = want;
+        }
+        // SAFETY: room for `bytes` after `len`.
+        unsafe {
+            ptr::copy_nonoverlapping(bytes.as_ptr(), self.buf.as_ptr().add(self.len), bytes.len())
+        };
+        self.len += bytes.len();
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing was written.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes written, in pool memory; unused room goes back to the pool.
+    pub fn finish(self) -> &'p mut [u8] {
+        // SAFETY: the buffer is this pool's, with `len` initialised bytes.
+        unsafe {
+            if self.cap > 0 {
+                self.pool.shrink_last(self.buf, self.len);
+            }
+            std::slice::from_raw_parts_mut(self.buf.as_ptr(), self.len)
+        }
+    }
+}
+
+impl fmt::Write for PoolWriter<'_, '_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.push_bytes(s.as_bytes());
+        Ok(())
+    }
+}
+
+impl std::io::Write for PoolWriter<'_, '_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.push_bytes(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Formats into pool memory: `pformat!(pool, "{} {}", a, b)` returns a `&mut str` that
+/// lives as long as the pool borrow (APR's `apr_psprintf`).
+#[macro_export]
+macro_rules! pformat {
+    ($pool:expr, $($arg:tt)*) => {
+        $pool.alloc_fmt(::std::format_args!($($arg)*))
+    };
+}
+
+/// A vector in pool memory: elements are not zeroed, and it grows in place while it is
+/// the pool's most recent allocation (copying otherwise). Dropping it drops its
+/// elements; [`into_slice`](Self::into_slice) leaves them in the pool.
+///
+/// ```
+/// let pool = proxalloc::Pool::new();
+/// let mut v = proxalloc::PoolVec::new_in(&pool);
+/// for i in 0..100 { v.push(i); }
+/// assert_eq!(v.iter().sum::<i32>(), 4950);
+/// let kept: &mut [i32] = v.into_slice();
+/// assert_eq!(kept.len(), 100);
+/// ```
+pub struct PoolVec<'p, 's, T> {
+    pool: &'p Pool<'s>,
+    ptr: NonNull<T>,
+    len: usize,
+    cap: usize,
+}
+
+impl<'p, 's, T> PoolVec<'p, 's, T> {
+    /// An empty vector (takes no memory until the first push).
+    pub fn new_in(pool: &'p Pool<'s>) -> Self {
+        PoolVec {
+            pool,
+            ptr: NonNull::dangling(),
+            len: 0,
+            cap: if size_of::<T>() == 0 { usize::MAX } else { 0 },
+        }
+    }
+
+    /// An empty vector with room for `cap` elements.
+    pub fn with_capacity_in(cap: usize, pool: &'p Pool<'s>) -> Self {
+        let mut v = Self::new_in(pool);
+        v.reserve(cap);
+        v
+    }
+
+    /// Makes room for `additional` more elements.
+    pub fn reserve(&mut self, additional: usize) {
+        let need = self.len.checked_add(additional).expect("capacity overflow");
+        if need <= self.cap {
+            return;
+        }
+        let new_cap = need.max(self.cap * 2).max(4);
+        let layout = Layout::array::<T>(new_cap).expect("capacity overflow");
+        let ptr = if self.cap == 0 {
+            self.pool.alloc_layout(layout)
+        } else {
+            // SAFETY: the buffer is this pool's, `cap` elements of `T`; elements are moved
+            // bitwise, as Rust moves are.
+            unsafe {
+                self.pool.grow(
+                    self.ptr.cast(),
+                    self.cap * size_of::<T>(),
+                    layout.size(),
+                    align_of::<T>(),
+                )
+            }
+            .unwrap_or_else(|_| std::alloc::handle_alloc_error(layout))
+        };
+        self.ptr = ptr.cast();
+        self.cap = new_cap;
+    }
+
+    /// Appends `value`.
+    #[inline]
+    pub fn push(&mut self, value: T) {
+        if self.len == self.cap {
+            self.reserve(1);
+        }
+        // SAFETY: `len < cap`.
+        unsafe { self.ptr.as_ptr().add(self.len).write(value) };
+        self.len += 1;
+    }
+
+    /// Removes and returns the last element.
+    pub fn pop(&mut self) -> Option<T> {
+        if self.len == 0 {
+            return None;
+        }
+        self.len -= 1;
+        // SAFETY: the element at `len` was initialised and is now outside the vector.
+        Some(unsafe { self.ptr.as_ptr().add(self.len).read() })
+    }
+
+    /// Elements allocated room for.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Drops every element (the memory stays with the pool).
+    pub fn clear(&mut self) {
+        let len = std::mem::replace(&mut self.len, 0);
+        // SAFETY: the first `len` elements were initialised; now outside the vector.
+        unsafe { ptr::drop_in_place(ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), len)) };
+    }
+
+    /// The elements, left in the pool (never dropped).
+    pub fn into_slice(self) -> &'p mut [T] {
+        let this = ManuallyDrop::new(self);
+        // SAFETY: `len` initialised elements in pool memory that lives for `'p`.
+        unsafe { std::slice::from_raw_parts_mut(this.ptr.as_ptr(), this.len) }
+    }
+}
+
+impl<T: Clone> PoolVec<'_, '_, T> {
+    /// Appends clones of `items`.
+    pub fn extend_from_slice(&mut self, items: &[T]) {
+        self.reserve(items.len());
+        for x in items {
+            self.push(x.clone());
+        }
+    }
+}
+
+impl<T> Extend<T> for PoolVec<'_, '_, T> {
+    fn extend<I: IntoIterator<Item = T>>(&mut self, iter: I) {
+        let iter = iter.into_iter();
+        self.reserve(iter.size_hint().0);
+        for x in iter {
+            self.push(x);
+        }
+    }
+}
+
+impl<T> Deref for PoolVec<'_, '_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: `len` initialised elements.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T> DerefMut for PoolVec<'_, '_, T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: `len` initialised elements, borrowed exclusively.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T> Drop for PoolVec<'_, '_, T> {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for PoolVec<'_, '_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+// SAFETY: the pool hands out distinct, suitably aligned regions that stay valid until the
+// pool is cleared, which needs `&mut Pool` and so cannot happen while a `&Pool` (this
+// allocator) is alive. Deallocation and shrinking only ever give back the most recent
+// allocation's tail; growth in place only extends the most recent allocation.
+unsafe impl allocator_api2::alloc::Allocator for &Pool<'_> {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+        let p = self
+            .try_alloc_layout(layout)
+            .map_err(|_| allocator_api2::alloc::AllocError)?;
+        Ok(NonNull::slice_from_raw_parts(p, layout.size()))
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        if layout.size() != 0 {
+            // SAFETY: per the trait's contract `ptr` is a live allocation of `layout`.
+            unsafe { self.shrink_last(ptr, 0) };
+        }
+    }
+
+    unsafe fn grow(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+        let p = if old.size() == 0 || ptr.as_ptr().addr() % new.align() != 0 {
+            let fresh = self
+                .try_alloc_layout(new)
+                .map_err(|_| allocator_api2::alloc::AllocError)?;
+            // SAFETY: distinct regions, `old.size()` bytes valid in both.
+            unsafe { ptr::copy_nonoverlapping(ptr.as_ptr(), fresh.as_ptr(), old.size()) };
+            fresh
+        } else {
+            // SAFETY: per the trait's contract `ptr` is a live allocation of `old`.
+            unsafe { Pool::grow(self, ptr, old.size(), new.size(), new.align()) }
+                .map_err(|_| allocator_api2::alloc::AllocError)?
+        };
+        Ok(NonNull::slice_from_raw_parts(p, new.size()))
+    }
+
+    unsafe fn shrink(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+        if ptr.as_ptr().addr() % new.align() != 0 {
+            let fresh = self
+                .try_alloc_layout(new)
+                .map_err(|_| allocator_api2::alloc::AllocError)?;
+            // SAFETY: distinct regions, `new.size()` bytes valid in both.
+            unsafe { ptr::copy_nonoverlapping(ptr.as_ptr(), fresh.as_ptr(), new.size()) };
+            return Ok(NonNull::slice_from_raw_parts(fresh, new.size()));
+        }
+        if old.size() != 0 {
+            // SAFETY: per the trait's contract `ptr` is a live allocation of `old`.
+            unsafe { self.shrink_last(ptr, new.size()) };
+        }
+        Ok(NonNull::slice_from_raw_parts(ptr, new.size()))
+    }
+}
