@@ -104,7 +104,7 @@ impl BlockSource {
     /// A source that caches at most `max_free` bytes of free blocks.
     pub fn new(max_free: usize) -> Self {
         let budget = Arc::new(ByteBudget::new(max_free));
-        let cfg = Config::new().magazine_size(8).thread_cache_bytes(256 << 10);
+        let cfg = Config::new().magazine_size(8).thread_cache_bytes(64 << 10);
         fn class<T>(
             name: &'static str,
             cfg: Config,
@@ -171,6 +171,17 @@ impl BlockSource {
             _ => return self.large.alloc(size),
         };
         Some(RawBlock { ptr, size })
+    }
+
+    /// A block of at least `size` bytes sized to fit (4 KiB grain) rather than to a
+    /// class, from the large-block cache; `None` if the system allocator fails. Free it
+    /// with [`free`](Self::free) like any other block.
+    pub fn alloc_dedicated(&self, size: usize) -> Option<RawBlock> {
+        let size = size.div_ceil(LARGE_GRAIN).saturating_mul(LARGE_GRAIN);
+        if BLOCK_CLASSES.contains(&size) {
+            return self.alloc(size);
+        }
+        self.large.alloc(size)
     }
 
     /// Takes a block back.

@@ -39,8 +39,11 @@ use crate::debug::POISON;
 /// Bytes at the start of every block holding its header (one cache line, so the data
 /// that follows keeps the block's alignment).
 const HEADER: usize = 64;
-/// The largest block a pool grows to; bigger requests get a block of their own.
+/// The largest block a pool grows to.
 const LARGEST: usize = BLOCK_CLASSES[BLOCK_CLASSES.len() - 1];
+/// Requests that do not fit in the largest class block get a block of their own,
+/// sized to fit (4 KiB grain, as APR sizes its nodes).
+const DEDICATED: usize = LARGEST - HEADER;
 
 #[repr(C)]
 struct BlockHeader {
@@ -123,6 +126,25 @@ unsafe fn drop_owned<T>(h: *mut CleanupHeader, _call: bool) {
 }
 
 impl State {
+    /// Bytes handed out since the last clear (alignment padding included), counted from
+    /// the blocks: the fast path keeps no counter.
+    fn used(&self) -> usize {
+        let mut used = self.debug_used;
+        if !self.active.is_null() {
+            used += self.cursor.addr() - BlockHeader::data(self.active).addr();
+        }
+        for mut b in [self.retained, self.large] {
+            while !b.is_null() {
+                // SAFETY: blocks on the lists are live headers owned by the pool.
+                unsafe {
+                    used += (*b).free.addr() - BlockHeader::data(b).addr();
+                    b = (*b).next;
+                }
+            }
+        }
+        used
+    }
+
     /// Moves the active block to the retained list.
     ///
     /// # Safety
@@ -166,13 +188,14 @@ struct State {
     last: *mut u8,
     cleanups: *mut CleanupHeader,
     next_block: usize,
-    used: usize,
+    /// The most bytes in use seen at a clear or a `stats` call.
     high_water: usize,
     blocks: usize,
     retained_bytes: usize,
     cleanup_count: usize,
     /// Debug mode: every allocation is its own heap block.
     debug_blocks: Vec<(NonNull<u8>, Layout)>,
+    debug_used: usize,
 }
 
 /// Counters of one pool, from [`Pool::stats`].
@@ -256,19 +279,19 @@ impl<'s> Pool<'s> {
             state: UnsafeCell::new(State {
                 first: ptr::null_mut(),
                 active: ptr::null_mut(),
-                cursor: ptr::null_mut(),
-                end: ptr::null_mut(),
+                cursor: SENTINEL,
+                end: SENTINEL,
                 retained: ptr::null_mut(),
                 large: ptr::null_mut(),
                 last: ptr::null_mut(),
                 cleanups: ptr::null_mut(),
                 next_block: BLOCK_CLASSES[0],
-                used: 0,
                 high_water: 0,
                 blocks: 0,
                 retained_bytes: 0,
                 cleanup_count: 0,
                 debug_blocks: Vec::new(),
+                debug_used: 0,
             }),
             debug,
             _not_sync: PhantomData,
@@ -293,21 +316,17 @@ impl<'s> Pool<'s> {
     /// Allocates memory for `layout` (uninitialised), or an error if the source fails.
     #[inline]
     pub fn try_alloc_layout(&self, layout: Layout) -> Result<NonNull<u8>, AllocError> {
-        if layout.size() == 0 {
-            return Ok(dangling(layout.align()));
-        }
-        if !self.debug {
-            let st = self.st();
-            let pad = st.cursor.addr().wrapping_neg() & (layout.align() - 1);
-            let avail = st.end.addr() - st.cursor.addr();
-            if pad <= avail && layout.size() <= avail - pad {
-                let start = st.cursor.wrapping_add(pad);
-                st.cursor = start.wrapping_add(layout.size());
-                st.last = start;
-                st.used += pad + layout.size();
-                // SAFETY: inside the active block, so non-null.
-                return Ok(unsafe { NonNull::new_unchecked(start) });
-            }
+        // A debug pool, and a pool without a block, have `cursor == end` at a non-null
+        // sentinel, so everything but a zero-sized request takes the slow path.
+        let st = self.st();
+        let pad = st.cursor.addr().wrapping_neg() & (layout.align() - 1);
+        let avail = st.end.addr() - st.cursor.addr();
+        if pad <= avail && layout.size() <= avail - pad {
+            let start = st.cursor.wrapping_add(pad);
+            st.cursor = start.wrapping_add(layout.size());
+            st.last = start;
+            // SAFETY: inside the active block or at the sentinel, so non-null.
+            return Ok(unsafe { NonNull::new_unchecked(start) });
         }
         self.alloc_slow(layout)
     }
@@ -325,12 +344,15 @@ impl<'s> Pool<'s> {
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, layout: Layout) -> Result<NonNull<u8>, AllocError> {
+        if layout.size() == 0 {
+            return Ok(dangling(layout.align()));
+        }
         if self.debug {
             return self.debug_alloc(layout);
         }
         let st = self.st();
         let need = layout.size() + layout.align().max(1) - 1;
-        if HEADER + need > LARGEST {
+        if need > DEDICATED {
             return self.alloc_large(layout, need);
         }
         // APR's probe: the retained block with the most room, if it fits.
@@ -376,7 +398,10 @@ impl<'s> Pool<'s> {
     /// A block of its own for a request larger than the largest class.
     fn alloc_large(&self, layout: Layout, need: usize) -> Result<NonNull<u8>, AllocError> {
         let st = self.st();
-        let block = self.source.alloc(HEADER + need).ok_or(AllocError)?;
+        let block = self
+            .source
+            .alloc_dedicated(HEADER + need)
+            .ok_or(AllocError)?;
         let header = block.ptr.as_ptr().cast::<BlockHeader>();
         let data = BlockHeader::data(header);
         let start = data.wrapping_add(data.addr().wrapping_neg() & (layout.align() - 1));
@@ -391,8 +416,6 @@ impl<'s> Pool<'s> {
         st.large = header;
         st.blocks += 1;
         st.retained_bytes += block.size;
-        st.used += layout.size();
-        st.high_water = st.high_water.max(st.used);
         // SAFETY: inside the block.
         Ok(unsafe { NonNull::new_unchecked(start) })
     }
@@ -403,8 +426,7 @@ impl<'s> Pool<'s> {
         let p = NonNull::new(unsafe { std::alloc::alloc(layout) }).ok_or(AllocError)?;
         let st = self.st();
         st.debug_blocks.push((p, layout));
-        st.used += layout.size();
-        st.high_water = st.high_water.max(st.used);
+        st.debug_used += layout.size();
         Ok(p)
     }
 
@@ -425,8 +447,6 @@ impl<'s> Pool<'s> {
         let st = self.st();
         if !self.debug && st.last == ptr.as_ptr() && new - old <= st.end.addr() - st.cursor.addr() {
             st.cursor = st.cursor.wrapping_add(new - old);
-            st.used += new - old;
-            st.high_water = st.high_water.max(st.used);
             return Ok(ptr);
         }
         let layout = Layout::from_size_align(new, align).map_err(|_| AllocError)?;
@@ -445,9 +465,7 @@ impl<'s> Pool<'s> {
     pub(crate) unsafe fn shrink_last(&self, ptr: NonNull<u8>, new: usize) {
         let st = self.st();
         if !self.debug && st.last == ptr.as_ptr() {
-            let old_end = st.cursor;
             st.cursor = ptr.as_ptr().wrapping_add(new);
-            st.used -= old_end.addr() - st.cursor.addr();
         }
     }
 
@@ -653,9 +671,10 @@ impl<'s> Pool<'s> {
     /// The pool's counters.
     pub fn stats(&self) -> PoolStats {
         let st = self.st();
-        st.high_water = st.high_water.max(st.used);
+        let used = st.used();
+        st.high_water = st.high_water.max(used);
         PoolStats {
-            used_bytes: st.used,
+            used_bytes: used,
             retained_bytes: st.retained_bytes,
             blocks: st.blocks,
             high_water: st.high_water,
@@ -702,6 +721,8 @@ impl<'s> Pool<'s> {
     /// Returns blocks to the source: all but the first (`clear`), or all (`drop`).
     fn release_blocks(&mut self, all: bool) {
         let st = self.state.get_mut();
+        st.high_water = st.high_water.max(st.used());
+        st.debug_used = 0;
         for (p, layout) in st.debug_blocks.drain(..) {
             // SAFETY: each debug allocation is its own heap block, freed once here.
             unsafe {
@@ -731,7 +752,6 @@ impl<'s> Pool<'s> {
         }
         st.retained = ptr::null_mut();
         st.large = ptr::null_mut();
-        st.used = 0;
         st.last = ptr::null_mut();
         if st.first.is_null() {
             st.blocks = 0;
@@ -743,8 +763,8 @@ impl<'s> Pool<'s> {
             unsafe { self.source.free(BlockHeader::raw(st.first)) };
             st.first = ptr::null_mut();
             st.active = ptr::null_mut();
-            st.cursor = ptr::null_mut();
-            st.end = ptr::null_mut();
+            st.cursor = SENTINEL;
+            st.end = SENTINEL;
             st.blocks = 0;
             st.retained_bytes = 0;
         } else {
@@ -793,6 +813,11 @@ impl fmt::Debug for Pool<'_> {
 fn run_closure_of<F: FnOnce()>(_: &F) -> unsafe fn(*mut CleanupHeader, bool) {
     run_closure::<F>
 }
+
+/// Where `cursor` and `end` point while the pool has no active block: non-null, so the
+/// fast path can hand out zero-sized allocations without a check, and equal, so it hands
+/// out nothing else.
+const SENTINEL: *mut u8 = ptr::without_provenance_mut(BLOCK_ALIGN);
 
 fn dangling(align: usize) -> NonNull<u8> {
     // SAFETY: alignments are non-zero.
