@@ -406,9 +406,14 @@ impl Table {
             // SAFETY: per the caller's contract.
             let c = unsafe { self.cache(slot) };
             slot += 1;
-            // SAFETY: a registered cache of this thread, not the one in use.
+            // The busy cache is borrowed by the running slow path: not even a read of it
+            // may go through another pointer.
+            if c == busy {
+                continue;
+            }
+            // SAFETY: a cache of this thread's table, not the one in use.
             let cache = unsafe { &mut *c };
-            if c == busy || cache.instance != engine.instance() {
+            if cache.instance != engine.instance() {
                 continue;
             }
             let ops = cache.counters.allocs.get() + cache.counters.frees.get();

@@ -9,8 +9,8 @@
 //! the allocators' stats.
 //!
 //! ```sh
-//! cargo run --release --example demo            # about 6 seconds
-//! cargo run --release --example demo -- 1 4     # seconds per mode, worker threads
+//! cargo run --release --example churn            # about 6 seconds
+//! cargo run --release --example churn -- 1 4     # seconds per mode, worker threads
 //! ```
 
 use std::sync::mpsc;
