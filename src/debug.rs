@@ -14,8 +14,12 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// Whether the checks are compiled in.
-pub(crate) const ENABLED: bool = cfg!(any(debug_assertions, feature = "debug-checks"));
+/// Whether the checks are compiled in. Not under Miri, which detects double frees and
+/// uses after free itself, and for which the global table would only be slow.
+pub(crate) const ENABLED: bool = cfg!(all(
+    any(debug_assertions, feature = "debug-checks"),
+    not(miri)
+));
 
 /// The byte freed objects are filled with.
 pub const POISON: u8 = 0xA5;

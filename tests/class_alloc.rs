@@ -221,7 +221,9 @@ fn depot_budget_bounds_what_is_cached() {
     // 64 B objects, 8 per magazine, a depot budget of 4 magazines.
     let cfg = Config::new().magazine_size(8).depot_bytes(4 * 8 * 64);
     let a = ClassAllocator::<[u8; 64]>::with_config("budget", cfg);
-    let v: Vec<_> = (0..10_000).map(|_| a.alloc([0; 64])).collect();
+    let v: Vec<_> = (0..if cfg!(miri) { 500 } else { 10_000 })
+        .map(|_| a.alloc([0; 64]))
+        .collect();
     drop(v);
     let s = a.stats();
     assert_conserved(&s);
@@ -317,11 +319,12 @@ fn release_thread_cache_inside_with_local_only_flushes() {
 
 #[test]
 fn cross_thread_frees_account_exactly() {
+    const BATCHES: u64 = if cfg!(miri) { 10 } else { 200 };
     let a = ClassAllocator::<[u64; 4]>::with_config("cross", Config::new().magazine_size(8));
     let (tx, rx) = mpsc::sync_channel::<Vec<Pooled<'_, [u64; 4]>>>(4);
     std::thread::scope(|s| {
         s.spawn(|| {
-            for batch in 0..200u64 {
+            for batch in 0..BATCHES {
                 tx.send((0..64).map(|i| a.alloc([batch, i, 0, 0])).collect())
                     .unwrap();
             }
@@ -336,12 +339,16 @@ fn cross_thread_frees_account_exactly() {
                 }
                 expect += 1;
             }
-            assert_eq!(expect, 200);
+            assert_eq!(expect, BATCHES);
             a.release_thread_cache();
         });
     });
     let s = a.stats();
-    assert_eq!((s.allocs, s.frees, s.threads), (12_800, 12_800, 0), "{s}");
+    assert_eq!(
+        (s.allocs, s.frees, s.threads),
+        (64 * BATCHES, 64 * BATCHES, 0),
+        "{s}"
+    );
     assert!(
         s.refills > 0,
         "the producer refilled from the consumer's spills: {s}"
@@ -497,7 +504,7 @@ fn idle_thread_cache_drains_gradually() {
             // so the slow path runs (and ticks the idle collector) often.
             let mut passes = 0;
             while cached(&idle) > 0 {
-                for _ in 0..64 {
+                for _ in 0..16 {
                     drop((0..64).map(|i| busy.alloc(i)).collect::<Vec<_>>());
                 }
                 passes += 1;

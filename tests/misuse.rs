@@ -1,7 +1,7 @@
 //! Misuse detection (debug builds, or release with `--features debug-checks`): a double
 //! free and a free into the wrong allocator panic with a message naming the allocator and
 //! the address; freed objects are poisoned.
-#![cfg(any(debug_assertions, feature = "debug-checks"))]
+#![cfg(all(any(debug_assertions, feature = "debug-checks"), not(miri)))]
 
 use proxalloc::{ClassAllocator, Pooled, POISON};
 

@@ -42,8 +42,17 @@ fn with_server(mode: Mode, f: impl FnOnce(SocketAddr)) -> (u64, u64) {
         stop.store(true, Ordering::Relaxed);
     });
     let live = allocs.requests.stats().live + allocs.headers.stats().live;
-    assert_eq!(live, 0, "objects leaked: {} / {}", allocs.requests.stats(), allocs.headers.stats());
-    (counters.served.load(Ordering::Relaxed), counters.rejected.load(Ordering::Relaxed))
+    assert_eq!(
+        live,
+        0,
+        "objects leaked: {} / {}",
+        allocs.requests.stats(),
+        allocs.headers.stats()
+    );
+    (
+        counters.served.load(Ordering::Relaxed),
+        counters.rejected.load(Ordering::Relaxed),
+    )
 }
 
 const GOOD: &[u8] = b"GET /a HTTP/1.1\r\nHost: x\r\nX-One: 1\r\n\r\n";
@@ -57,7 +66,10 @@ fn keep_alive_serves_several_requests_on_one_connection() {
         assert_eq!(out.matches("HTTP/1.1 200 OK").count(), 2, "{out}");
         assert!(out.contains("Host: x"), "{out}");
         let out = exchange(addr, b"GET / HTTP/1.0\r\n\r\n");
-        assert!(out.starts_with("HTTP/1.1 200 OK") && out.contains("Connection: close"), "{out}");
+        assert!(
+            out.starts_with("HTTP/1.1 200 OK") && out.contains("Connection: close"),
+            "{out}"
+        );
     });
     assert_eq!((served, rejected), (3, 0));
 }
@@ -77,7 +89,11 @@ fn malformed_requests_get_400_and_the_server_keeps_serving() {
             b"GET / HTTP/1.1\r\n\xff\xfe: x\r\n\r\n",
         ] {
             let out = exchange(addr, bad);
-            assert!(out.starts_with("HTTP/1.1 400 Bad Request"), "{:?} -> {out}", String::from_utf8_lossy(bad));
+            assert!(
+                out.starts_with("HTTP/1.1 400 Bad Request"),
+                "{:?} -> {out}",
+                String::from_utf8_lossy(bad)
+            );
         }
         assert!(exchange(addr, GOOD).starts_with("HTTP/1.1 200"));
     });

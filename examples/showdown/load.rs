@@ -114,7 +114,12 @@ fn read_response(conn: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
 
 /// Drives `addr` with `connections` keep-alive connections for `duration` or until
 /// `max_requests` requests were sent, whichever comes first.
-pub fn run(addr: SocketAddr, connections: usize, duration: Duration, max_requests: u64) -> LoadResult {
+pub fn run(
+    addr: SocketAddr,
+    connections: usize,
+    duration: Duration,
+    max_requests: u64,
+) -> LoadResult {
     let sent = AtomicU64::new(0);
     let start = Instant::now();
     let deadline = start + duration;
@@ -136,7 +141,9 @@ pub fn run(addr: SocketAddr, connections: usize, duration: Duration, max_request
                             break;
                         }
                         let t = Instant::now();
-                        if conn.write_all(&request(i)).is_err() || !read_response(&mut conn, &mut buf) {
+                        if conn.write_all(&request(i)).is_err()
+                            || !read_response(&mut conn, &mut buf)
+                        {
                             errors += 1;
                             break;
                         }

@@ -25,6 +25,7 @@ use server::{Allocators, Counters, Mode};
 
 struct Args {
     seconds: f64,
+    requests: u64,
     connections: usize,
     workers: usize,
     mode: Option<Mode>,
@@ -36,6 +37,7 @@ struct Args {
 fn parse_args() -> Args {
     let mut a = Args {
         seconds: 5.0,
+        requests: u64::MAX,
         connections: 4,
         workers: 4,
         mode: None,
@@ -53,7 +55,12 @@ fn parse_args() -> Args {
         };
         match arg.as_str() {
             "--seconds" => a.seconds = value("--seconds").parse().expect("--seconds: a number"),
-            "--connections" => a.connections = value("--connections").parse().expect("--connections: a number"),
+            "--requests" => a.requests = value("--requests").parse().expect("--requests: a number"),
+            "--connections" => {
+                a.connections = value("--connections")
+                    .parse()
+                    .expect("--connections: a number")
+            }
             "--workers" => a.workers = value("--workers").parse().expect("--workers: a number"),
             "--port" => a.port = value("--port").parse().expect("--port: a port number"),
             "--mode" => {
@@ -67,7 +74,7 @@ fn parse_args() -> Args {
             "--child" => a.child = true,
             "-h" | "--help" => {
                 println!(
-                    "showdown [--seconds S] [--connections C] [--workers W] [--mode caches|depot|system]\n\
+                    "showdown [--seconds S] [--requests N] [--connections C] [--workers W] [--mode caches|depot|system]\n\
                      showdown --serve [--port P] [--workers W] [--mode M] [--seconds S (0: until killed)]"
                 );
                 std::process::exit(0)
@@ -98,7 +105,12 @@ fn serve_only(a: &Args) {
     let listener = TcpListener::bind(("127.0.0.1", a.port)).expect("bind");
     let stop = AtomicBool::new(false);
     let counters = Counters::default();
-    println!("serving http://{} in mode {:?} with {} workers", listener.local_addr().unwrap(), mode, a.workers);
+    println!(
+        "serving http://{} in mode {:?} with {} workers",
+        listener.local_addr().unwrap(),
+        mode,
+        a.workers
+    );
     std::thread::scope(|s| {
         s.spawn(|| server::serve(listener, a.workers, &allocs, &stop, &counters));
         if a.seconds > 0.0 {
@@ -121,7 +133,7 @@ fn run_mode(a: &Args, mode: Mode) {
     let (result, samples) = std::thread::scope(|s| {
         s.spawn(|| server::serve(listener, a.workers, &allocs, &stop, &counters));
         load::run(addr, a.connections, Duration::from_millis(300), u64::MAX); // warm-up
-        // RSS once a second while the load runs: it must not grow after warm-up.
+                                                                              // RSS once a second while the load runs: it must not grow after warm-up.
         let sampler = s.spawn(|| {
             let mut v = Vec::new();
             while sampling.load(Ordering::Relaxed) {
@@ -130,7 +142,12 @@ fn run_mode(a: &Args, mode: Mode) {
             }
             v
         });
-        let r = load::run(addr, a.connections, Duration::from_secs_f64(a.seconds), u64::MAX);
+        let r = load::run(
+            addr,
+            a.connections,
+            Duration::from_secs_f64(a.seconds),
+            u64::MAX,
+        );
         sampling.store(false, Ordering::Relaxed);
         stop.store(true, Ordering::Relaxed);
         (r, sampler.join().unwrap())
@@ -180,18 +197,25 @@ fn main() {
         let out = Command::new(&exe)
             .args(["--child", "--mode", flag])
             .args(["--seconds", &a.seconds.to_string()])
+            .args(["--requests", &a.requests.to_string()])
             .args(["--connections", &a.connections.to_string()])
             .args(["--workers", &a.workers.to_string()])
             .output()
             .expect("run a mode");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let Some(line) = text.lines().find(|l| l.starts_with("RESULT\t")) else {
-            eprintln!("mode {flag} failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+            eprintln!(
+                "mode {flag} failed:\n{text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             std::process::exit(1);
         };
         let f: Vec<String> = line.split('\t').skip(1).map(str::to_string).collect();
         rows.push(f);
-        let dump: Vec<&str> = text.lines().filter(|l| !l.starts_with("RESULT\t")).collect();
+        let dump: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with("RESULT\t"))
+            .collect();
         if !dump.is_empty() {
             dumps.push((mode.name(), dump.join("\n")));
         }

@@ -119,7 +119,9 @@ pub fn serve(
     stop: &AtomicBool,
     counters: &Counters,
 ) {
-    listener.set_nonblocking(true).expect("non-blocking listener");
+    listener
+        .set_nonblocking(true)
+        .expect("non-blocking listener");
     let (tx, rx) = mpsc::channel::<TcpStream>();
     let rx = Mutex::new(rx);
     std::thread::scope(|s| {
@@ -176,7 +178,12 @@ fn read_head(conn: &mut TcpStream, buf: &mut Vec<u8>, stop: &AtomicBool) -> Head
         match conn.read(&mut chunk) {
             Ok(0) => return Head::Closed,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
                 if stop.load(Ordering::Relaxed) {
                     return Head::Closed;
                 }
@@ -192,12 +199,19 @@ fn find_head_end(buf: &[u8]) -> Option<usize> {
 }
 
 fn hash(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// Serves one connection: requests one after another (keep-alive) until the peer closes,
 /// asks to close, or sends something the server rejects.
-fn handle_connection(mut conn: TcpStream, allocs: &Allocators, counters: &Counters, stop: &AtomicBool) {
+fn handle_connection(
+    mut conn: TcpStream,
+    allocs: &Allocators,
+    counters: &Counters,
+    stop: &AtomicBool,
+) {
     let mut pool = allocs.pool();
     let mut buf = Vec::with_capacity(MAX_HEAD);
     loop {
@@ -221,7 +235,8 @@ fn handle_connection(mut conn: TcpStream, allocs: &Allocators, counters: &Counte
 }
 
 fn error_response(status: u16, reason: &str) -> Vec<u8> {
-    format!("HTTP/1.1 {status} {reason}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").into_bytes()
+    format!("HTTP/1.1 {status} {reason}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        .into_bytes()
 }
 
 /// Parses one request head and writes the response; `Ok(keep_alive)`.
@@ -240,7 +255,9 @@ fn respond(
                 "path-hash {:016x}, {} headers, method {}",
                 req.state.path_hash,
                 req.state.header_count,
-                std::str::from_utf8(&req.state.method).unwrap_or("?").trim_end_matches('\0')
+                std::str::from_utf8(&req.state.method)
+                    .unwrap_or("?")
+                    .trim_end_matches('\0')
             );
             for h in req.headers.iter().take(8) {
                 let name = &head[h.name.0 as usize..(h.name.0 + h.name.1) as usize];
@@ -265,7 +282,11 @@ fn respond(
         }
         Err(status) => {
             counters.rejected.fetch_add(1, Ordering::Relaxed);
-            let reason = if status == 431 { "Request Header Fields Too Large" } else { "Bad Request" };
+            let reason = if status == 431 {
+                "Request Header Fields Too Large"
+            } else {
+                "Bad Request"
+            };
             conn.write_all(&error_response(status, reason))?;
             Ok(false)
         }
