@@ -156,3 +156,20 @@ impl Backing {
         self.frees.get()
     }
 }
+
+/// Asks the C allocator to return free memory to the OS after a large release: glibc
+/// keeps freed small blocks in its bins (not returning them even when all are free), so
+/// without this a trimmed spike would stay resident. Other platforms return memory on
+/// their own schedule.
+pub(crate) fn release_to_os(bytes: usize) {
+    #[cfg(all(target_os = "linux", target_env = "gnu", not(miri), not(loom)))]
+    if bytes >= 1 << 20 {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: glibc's `malloc_trim` has no preconditions.
+        unsafe { malloc_trim(0) };
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu", not(miri), not(loom))))]
+    let _ = bytes;
+}

@@ -382,7 +382,9 @@ impl Engine {
             // SAFETY: this thread's own cache; no reference to it is live here.
             self.flush(unsafe { &mut *c });
         }
-        self.depot.trim()
+        let released = self.depot.trim();
+        crate::backing::release_to_os(released * self.backing().object_size());
+        released
     }
 
     /// The allocator is being dropped: frees every cache and returns every cached object
