@@ -266,7 +266,7 @@ impl<const N: usize> Contender<Obj<N>> for LowerBound {
 // ---- workloads: each returns nanoseconds per object (or per request for W5) ----
 
 /// W1: `iters` alloc/write/free pairs on this thread.
-pub fn w1<T, C>(c: &'static C, iters: u64, make: fn(u64) -> T) -> f64
+pub fn w1<T, C>(c: &'static C, iters: u64, make: impl Fn(u64) -> T + Copy + Send + Sync) -> f64
 where
     T: Send + 'static,
     C: Contender<T>,
@@ -281,7 +281,7 @@ where
 }
 
 /// W2: `rounds` of 1024 live objects, then free all (ns per object).
-pub fn w2<T, C>(c: &'static C, rounds: u64, make: fn(u64) -> T) -> f64
+pub fn w2<T, C>(c: &'static C, rounds: u64, make: impl Fn(u64) -> T + Copy + Send + Sync) -> f64
 where
     T: Send + 'static,
     C: Contender<T>,
@@ -303,7 +303,7 @@ where
 }
 
 /// W3: two threads each doing W2 on the same allocator (aggregate ns per object).
-pub fn w3<T, C>(c: &'static C, rounds: u64, make: fn(u64) -> T) -> f64
+pub fn w3<T, C>(c: &'static C, rounds: u64, make: impl Fn(u64) -> T + Copy + Send + Sync) -> f64
 where
     T: Send + 'static,
     C: Contender<T>,
@@ -327,7 +327,7 @@ where
 
 /// W4: thread A allocates and sends batches of 64 over a bounded channel; thread B frees
 /// them (ns per object).
-pub fn w4<T, C>(c: &'static C, batches: u64, make: fn(u64) -> T) -> f64
+pub fn w4<T, C>(c: &'static C, batches: u64, make: impl Fn(u64) -> T + Copy + Send + Sync) -> f64
 where
     T: Send + 'static,
     C: Contender<T>,
