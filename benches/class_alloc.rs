@@ -11,13 +11,13 @@ use common::*;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 fn bench<C: Contender>(c: &mut Criterion) {
-    let mut g = c.benchmark_group("w1-pair-64B");
+    let mut g = c.benchmark_group("fastpath-w1-pair-64B");
     g.throughput(Throughput::Elements(1));
     g.bench_function(C::NAME, |b| {
         b.iter_custom(|iters| Duration::from_nanos(time(|| C::w1(iters)) as u64))
     });
     g.finish();
-    let mut g = c.benchmark_group("w2-batch1024-64B");
+    let mut g = c.benchmark_group("fastpath-w2-batch1024-64B");
     g.throughput(Throughput::Elements(2 * BATCH as u64));
     g.bench_function(C::NAME, |b| {
         b.iter_custom(|iters| Duration::from_nanos(time(|| C::w2(iters)) as u64))

@@ -19,6 +19,12 @@ GROUPS = [
     "w3-two-threads-64B", "w4-remote-free-64B",
     "w5-request-mix-1-thread", "w5-request-mix-2-threads",
 ]
+# The contenders of benches/peers.rs (other benches may share a group name).
+CONTENDERS = {
+    "lower-bound", "proxalloc", "proxalloc-depot-only", "proxalloc-bypass", "box-system",
+    "mimalloc", "jemalloc", "object-pool", "lockfree-object-pool", "sharded-slab",
+    "arrayqueue-pool",
+}
 HIGHLIGHT = {"proxalloc": "#1f77b4", "lower-bound": "#7f7f7f"}
 PEER = "#ff7f0e"
 OWN = "#aec7e8"
@@ -43,7 +49,8 @@ def load(group):
                 elements = thr.get("Elements", 1) or 1
         with open(bench) as f:
             label = json.load(f).get("function_id", name)
-        rows.append((label, ns / elements))
+        if label in CONTENDERS:
+            rows.append((label, ns / elements))
     return rows
 
 

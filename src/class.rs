@@ -369,7 +369,18 @@ impl<T> ClassAllocator<T> {
     /// [`std::alloc::handle_alloc_error`].
     #[inline(always)]
     pub fn alloc(&self, value: T) -> Pooled<'_, T> {
-        self.alloc_with(|| value)
+        // Not through `alloc_with`: moving a large `value` into a closure and out again
+        // costs extra copies; here it is copied once, into the slot.
+        let slot = self
+            .alloc_raw()
+            .unwrap_or_else(|_| std::alloc::handle_alloc_error(Layout::new::<T>()));
+        // SAFETY: valid, aligned, uninitialised memory for one `T`.
+        unsafe { slot.as_ptr().write(value) };
+        Pooled {
+            ptr: slot,
+            alloc: self,
+            _owns: PhantomData,
+        }
     }
 
     /// Allocates an object and constructs it with `init`, writing the result straight
@@ -388,7 +399,14 @@ impl<T> ClassAllocator<T> {
     /// backing allocator fails.
     #[inline]
     pub fn try_alloc(&self, value: T) -> Result<Pooled<'_, T>, AllocError> {
-        self.try_alloc_with(|| value)
+        let slot = self.alloc_raw()?;
+        // SAFETY: valid, aligned, uninitialised memory for one `T`.
+        unsafe { slot.as_ptr().write(value) };
+        Ok(Pooled {
+            ptr: slot,
+            alloc: self,
+            _owns: PhantomData,
+        })
     }
 
     /// Allocates an object constructed by `init`, or returns an error without calling
