@@ -70,6 +70,15 @@ impl Stats {
         self.reserved_objects() * self.object_size as u64
     }
 
+    /// Whether every object is accounted for exactly once: `live == allocs - frees` and
+    /// `live + cached_in_threads + cached_in_depot` equals the objects reserved from the
+    /// backing allocator. Always true of a snapshot taken while no other thread
+    /// allocates or frees.
+    pub fn is_consistent(&self) -> bool {
+        self.allocs.checked_sub(self.frees) == Some(self.live)
+            && self.live + self.cached_in_threads + self.cached_in_depot == self.reserved_objects()
+    }
+
     /// Bytes of free objects cached in thread caches and the depot.
     pub fn cached_bytes(&self) -> u64 {
         (self.cached_in_threads + self.cached_in_depot) * self.object_size as u64
