@@ -8,7 +8,7 @@
 //! charged to one `max_free` byte budget: the class depots and the large buckets together
 //! never cache more than `max_free` bytes, and freed blocks beyond it go back to the
 //! system. (Each thread may also hold up to two magazines per block class in its own
-//! cache: at most 256 KiB per class per thread, and given back at thread exit, on
+//! cache: at most 64 KiB per class per thread, and given back at thread exit, on
 //! `trim`, or by the idle collector.)
 
 use std::alloc::Layout;
