@@ -369,18 +369,8 @@ impl<T> ClassAllocator<T> {
     /// [`std::alloc::handle_alloc_error`].
     #[inline(always)]
     pub fn alloc(&self, value: T) -> Pooled<'_, T> {
-        // Not through `alloc_with`: moving a large `value` into a closure and out again
-        // costs extra copies; here it is copied once, into the slot.
-        let slot = self
-            .alloc_raw()
-            .unwrap_or_else(|_| std::alloc::handle_alloc_error(Layout::new::<T>()));
-        // SAFETY: valid, aligned, uninitialised memory for one `T`.
-        unsafe { slot.as_ptr().write(value) };
-        Pooled {
-            ptr: slot,
-            alloc: self,
-            _owns: PhantomData,
-        }
+        self.try_alloc(value)
+            .unwrap_or_else(|_| std::alloc::handle_alloc_error(Layout::new::<T>()))
     }
 
     /// Allocates an object and constructs it with `init`, writing the result straight
@@ -397,16 +387,15 @@ impl<T> ClassAllocator<T> {
 
     /// Allocates an object holding `value`, or returns an error (dropping `value`) if the
     /// backing allocator fails.
-    #[inline]
+    #[inline(always)]
     pub fn try_alloc(&self, value: T) -> Result<Pooled<'_, T>, AllocError> {
+        // Not through `try_alloc_with`: moving a large `value` into a closure and out
+        // again costs extra copies; here it is copied once, into the slot.
         let slot = self.alloc_raw()?;
         // SAFETY: valid, aligned, uninitialised memory for one `T`.
         unsafe { slot.as_ptr().write(value) };
-        Ok(Pooled {
-            ptr: slot,
-            alloc: self,
-            _owns: PhantomData,
-        })
+        // SAFETY: a fresh slot of this allocator, now initialised, owned by nobody else.
+        Ok(unsafe { Pooled::from_raw(self, slot) })
     }
 
     /// Allocates an object constructed by `init`, or returns an error without calling
@@ -426,11 +415,8 @@ impl<T> ClassAllocator<T> {
         // SAFETY: `slot` is valid, aligned, uninitialised memory for one `T`.
         unsafe { slot.as_ptr().write(init()) };
         std::mem::forget(guard);
-        Ok(Pooled {
-            ptr: slot,
-            alloc: self,
-            _owns: PhantomData,
-        })
+        // SAFETY: a fresh slot of this allocator, now initialised, owned by nobody else.
+        Ok(unsafe { Pooled::from_raw(self, slot) })
     }
 
     /// Allocates an object and lets `init` initialise it in place, for large types
@@ -480,11 +466,8 @@ impl<T> ClassAllocator<T> {
         // SAFETY: valid, aligned memory for one `T`; `MaybeUninit` accepts any contents.
         init(unsafe { &mut *slot.as_ptr().cast::<MaybeUninit<T>>() });
         std::mem::forget(guard);
-        Ok(Pooled {
-            ptr: slot,
-            alloc: self,
-            _owns: PhantomData,
-        })
+        // SAFETY: a fresh slot of this allocator, now initialised, owned by nobody else.
+        Ok(unsafe { Pooled::from_raw(self, slot) })
     }
 
     /// Gives everything this thread caches and everything the depot caches back to the
@@ -668,7 +651,8 @@ impl<'a, T> Pooled<'a, T> {
     /// Rebuilds a handle from [`into_raw`](Self::into_raw).
     ///
     /// # Safety
-    /// `ptr` came from `into_raw` on a handle of `alloc`, and no other handle owns it.
+    /// `ptr` is an object of `alloc` holding an initialised value (as `into_raw` gives
+    /// out), and no other handle owns it.
     pub unsafe fn from_raw(alloc: &'a ClassAllocator<T>, ptr: NonNull<T>) -> Self {
         Pooled {
             ptr,
@@ -832,11 +816,8 @@ impl<'a, T> LocalCache<'a, T> {
         // SAFETY: valid uninitialised memory for one `T`.
         unsafe { slot.as_ptr().write(init()) };
         std::mem::forget(guard);
-        Pooled {
-            ptr: slot,
-            alloc: self.alloc,
-            _owns: PhantomData,
-        }
+        // SAFETY: a fresh slot of this allocator, now initialised, owned by nobody else.
+        unsafe { Pooled::from_raw(self.alloc, slot) }
     }
 
     /// Drops an object and recycles its memory into this cache.
