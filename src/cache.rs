@@ -129,9 +129,12 @@ impl ThreadCache {
             return None;
         }
         self.len -= 1;
-        self.counters.allocs.bump(1);
         // SAFETY: `slots[..len + 1]` are valid objects of the loaded magazine.
-        Some(unsafe { magazine::slot(self.slots, self.len) })
+        let object = unsafe { magazine::slot(self.slots, self.len) };
+        // After the read: the compiler cannot see through the counter's store, so it
+        // would reload `slots` and `len` after it.
+        self.counters.allocs.bump(1);
+        Some(object)
     }
 
     /// Fast path: pushes onto the loaded magazine; false when it is full.
@@ -527,6 +530,27 @@ pub(crate) fn lookup(slot: u32, instance: u64) -> Lookup {
             }
         })
         .unwrap_or(Lookup::TornDown)
+}
+
+/// The fast paths' lookup: this thread's inline cache for `(slot, instance)`, or `None`
+/// for anything else (a boxed cache, no cache, teardown), which the slow paths sort out
+/// with [`lookup`]. It makes no calls, so the fast paths around it make none either.
+#[inline(always)]
+pub(crate) fn lookup_fast(slot: u32, instance: u64) -> Option<*mut ThreadCache> {
+    let slot = slot as usize;
+    if slot >= FAST_SLOTS {
+        return None;
+    }
+    LOCAL
+        .try_with(|table| {
+            // SAFETY: in bounds; entries are always valid caches, touched only by this
+            // thread and never re-entrantly while a reference to one is live.
+            let cache = unsafe { table.fast.get().cast::<ThreadCache>().add(slot) };
+            // SAFETY: as above.
+            (unsafe { (*cache).instance } == instance).then_some(cache)
+        })
+        .ok()
+        .flatten()
 }
 
 #[cold]

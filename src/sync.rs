@@ -89,10 +89,11 @@ impl StatCounter {
     }
 
     /// Adds `n`. Only the owning thread may call this (two writers would lose counts).
+    /// It runs on the fast paths, so it goes through [`relaxed`] (see there why).
     #[inline(always)]
     pub(crate) fn bump(&self, n: u64) {
-        let v = self.0.load(Ordering::Relaxed);
-        self.0.store(v.wrapping_add(n), Ordering::Relaxed);
+        let v = relaxed::load_u64(&self.0);
+        relaxed::store_u64(&self.0, v.wrapping_add(n));
     }
 
     /// Adds `n` from any thread (a locked add: slow paths only).
@@ -107,6 +108,113 @@ impl StatCounter {
 
     pub(crate) fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// `Relaxed` loads and stores of std atomics that the optimiser sees as plain memory
+/// accesses, for the fast paths.
+///
+/// LLVM's alias analysis treats every atomic access stronger than "unordered", `Relaxed`
+/// included, as reading and writing all memory. The fast path of
+/// [`ClassAllocator::alloc`](crate::ClassAllocator::alloc) takes a value the caller
+/// built before the call and writes it into the object; with an atomic access in
+/// between, the compiler can no longer build the value in place, so it builds it on the
+/// stack and copies it, and the copy's loads straddle the stores that built it (a
+/// store-forwarding stall). Measured in the peer suite: a 64-byte pair cost 8 ns instead
+/// of 2.7 ns. The atomics on those paths are the allocator's slot hints (read) and the
+/// thread cache's statistics counters (written by their owner, read by anyone).
+///
+/// On x86-64 and AArch64 an aligned 4- or 8-byte `mov`/`ldr`/`str` is single-copy
+/// atomic: it *is* a `Relaxed` access, so doing it in inline assembly keeps the program
+/// free of data races while the compiler sees a load that only reads memory, or a store
+/// it cannot see into (which it knows cannot touch a value whose address never escaped).
+/// Elsewhere, and under Miri (which cannot run assembly), these are ordinary atomics.
+/// Only `Relaxed` semantics are offered: nothing may be published through them.
+#[cfg(not(loom))]
+pub(crate) mod relaxed {
+    use std::sync::atomic::{AtomicU32, AtomicU64};
+
+    macro_rules! relaxed_access {
+        ($load:ident, $store:ident, $atomic:ty, $int:ty, $x86:literal, $arm:literal) => {
+            /// A `Relaxed` load.
+            #[inline(always)]
+            #[allow(dead_code)]
+            pub(crate) fn $load(a: &$atomic) -> $int {
+                #[cfg(all(any(target_arch = "x86_64", target_arch = "aarch64"), not(miri)))]
+                {
+                    let v: $int;
+                    // SAFETY: `a.as_ptr()` is valid and aligned for `$int` (an atomic has
+                    // its integer's size and alignment), and an aligned access of this
+                    // size is single-copy atomic on these targets: this is a `Relaxed`
+                    // load, which may race with other atomic accesses.
+                    unsafe {
+                        #[cfg(target_arch = "x86_64")]
+                        std::arch::asm!(
+                            concat!("mov {v", $x86, "}, [{p}]"),
+                            p = in(reg) a.as_ptr(),
+                            v = lateout(reg) v,
+                            options(nostack, preserves_flags, readonly, pure),
+                        );
+                        #[cfg(target_arch = "aarch64")]
+                        std::arch::asm!(
+                            concat!("ldr {v", $arm, "}, [{p}]"),
+                            p = in(reg) a.as_ptr(),
+                            v = lateout(reg) v,
+                            options(nostack, preserves_flags, readonly, pure),
+                        );
+                    }
+                    v
+                }
+                #[cfg(not(all(any(target_arch = "x86_64", target_arch = "aarch64"), not(miri))))]
+                a.load(std::sync::atomic::Ordering::Relaxed)
+            }
+
+            /// A `Relaxed` store.
+            #[inline(always)]
+            #[allow(dead_code)]
+            pub(crate) fn $store(a: &$atomic, v: $int) {
+                #[cfg(all(any(target_arch = "x86_64", target_arch = "aarch64"), not(miri)))]
+                // SAFETY: as for the load: an aligned, single-copy-atomic store of the
+                // atomic's own integer, i.e. a `Relaxed` store.
+                unsafe {
+                    #[cfg(target_arch = "x86_64")]
+                    std::arch::asm!(
+                        concat!("mov [{p}], {v", $x86, "}"),
+                        p = in(reg) a.as_ptr(),
+                        v = in(reg) v,
+                        options(nostack, preserves_flags),
+                    );
+                    #[cfg(target_arch = "aarch64")]
+                    std::arch::asm!(
+                        concat!("str {v", $arm, "}, [{p}]"),
+                        p = in(reg) a.as_ptr(),
+                        v = in(reg) v,
+                        options(nostack, preserves_flags),
+                    );
+                }
+                #[cfg(not(all(any(target_arch = "x86_64", target_arch = "aarch64"), not(miri))))]
+                a.store(v, std::sync::atomic::Ordering::Relaxed)
+            }
+        };
+    }
+
+    relaxed_access!(load_u32, store_u32, AtomicU32, u32, ":e", ":w");
+    relaxed_access!(load_u64, store_u64, AtomicU64, u64, "", "");
+}
+
+/// StatCounter stays std under loom (see the module docs), so it needs these there too.
+#[cfg(loom)]
+pub(crate) mod relaxed {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[inline(always)]
+    pub(crate) fn load_u64(a: &AtomicU64) -> u64 {
+        a.load(Ordering::Relaxed)
+    }
+
+    #[inline(always)]
+    pub(crate) fn store_u64(a: &AtomicU64, v: u64) {
+        a.store(v, Ordering::Relaxed)
     }
 }
 
