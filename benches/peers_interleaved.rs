@@ -40,7 +40,7 @@ fn main() {
     let single = [("W1 pair", Work::W1(20_000)), ("W2 batch", Work::W2(10))];
     let multi = [
         ("W3 two threads", Work::W3(10)),
-        ("W4 remote free", Work::W4(200)),
+        ("W4 remote free", Work::W4(1000)),
     ];
     let mut rows: Vec<Row> = Vec::new();
     let row = |rows: &mut Vec<Row>, workload: String, name, peer, two, x: Option<f64>| {
@@ -133,7 +133,7 @@ fn main() {
             println!("| {} | {:.2} | {} | {:.2}x |", r.name, x, lb, x / best);
             let _ = writeln!(
                 csv,
-                "{w},{},{x:.3},{},{:.3}",
+                "\"{w}\",{},{x:.3},{},{:.3}",
                 r.name,
                 lower.map_or(String::new(), |l| format!("{:.3}", x / l)),
                 x / best

@@ -35,7 +35,9 @@ fn main() {
     let w = match work.as_str() {
         "w1" => Work::W1(n),
         "w2" => Work::W2(n),
-        _ => panic!(),
+        "w3" => Work::W3(n),
+        "w4" => Work::W4(n),
+        _ => panic!("workload: w1, w2, w3, w4 or w5"),
     };
     let warm = match work.as_str() {
         "w1" => Work::W1(1000),
@@ -44,4 +46,7 @@ fn main() {
     (c.run)(warm);
     let ns = (c.run)(w).unwrap();
     println!("{name} {work}: {ns:.2} ns/object");
+    if std::env::var_os("STATS").is_some() {
+        proxalloc::stats::dump(&mut std::io::stdout()).expect("stdout");
+    }
 }
