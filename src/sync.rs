@@ -130,6 +130,8 @@ impl StatCounter {
 /// it cannot see into (which it knows cannot touch a value whose address never escaped).
 /// Elsewhere, and under Miri (which cannot run assembly), these are ordinary atomics.
 /// Only `Relaxed` semantics are offered: nothing may be published through them.
+/// ThreadSanitizer does not see accesses made in assembly, so it checks neither these
+/// nor their races; they carry no protocol, which is what makes that acceptable.
 #[cfg(not(loom))]
 pub(crate) mod relaxed {
     use std::sync::atomic::{AtomicU32, AtomicU64};
