@@ -509,32 +509,30 @@ pub(crate) enum Lookup {
     TornDown,
 }
 
-/// Finds this thread's cache for the allocator `(slot, instance)`: a bounds check and a
-/// compare of the instance, in the same cache line as the cache's fast-path fields.
-#[inline(always)]
+/// Finds this thread's cache for the allocator `(slot, instance)`, or says why there is
+/// none: [`lookup_fast`], then the boxed caches of higher slots (the slow paths' lookup).
+#[inline]
 pub(crate) fn lookup(slot: u32, instance: u64) -> Lookup {
+    if let Some(cache) = lookup_fast(slot, instance) {
+        return Lookup::Cache(cache);
+    }
     LOCAL
         .try_with(|table| {
             let slot = slot as usize;
-            if slot >= FAST_SLOTS {
-                return lookup_more(table, slot, instance);
-            }
-            // SAFETY: in bounds; entries are always valid caches, touched only by this
-            // thread and never re-entrantly while a reference to one is live.
-            let cache = unsafe { table.fast.get().cast::<ThreadCache>().add(slot) };
-            // SAFETY: as above.
-            if unsafe { (*cache).instance } == instance {
-                Lookup::Cache(cache)
-            } else {
+            if slot < FAST_SLOTS {
                 Lookup::Unregistered
+            } else {
+                lookup_more(table, slot, instance)
             }
         })
         .unwrap_or(Lookup::TornDown)
 }
 
-/// The fast paths' lookup: this thread's inline cache for `(slot, instance)`, or `None`
-/// for anything else (a boxed cache, no cache, teardown), which the slow paths sort out
-/// with [`lookup`]. It makes no calls, so the fast paths around it make none either.
+/// The fast paths' lookup: a bounds check and a compare of the instance, in the same
+/// cache line as the cache's fast-path fields. It finds this thread's inline cache for
+/// `(slot, instance)`, or `None` for anything else (a boxed cache, no cache, teardown),
+/// which the slow paths sort out with [`lookup`]. It makes no calls, so the fast paths
+/// around it make none either.
 #[inline(always)]
 pub(crate) fn lookup_fast(slot: u32, instance: u64) -> Option<*mut ThreadCache> {
     let slot = slot as usize;
@@ -555,7 +553,7 @@ pub(crate) fn lookup_fast(slot: u32, instance: u64) -> Option<*mut ThreadCache> 
 
 #[cold]
 fn lookup_more(table: &Table, slot: usize, instance: u64) -> Lookup {
-    // SAFETY: as in `lookup`.
+    // SAFETY: as in `lookup_fast`.
     let cache = unsafe { table.cache(slot) };
     // SAFETY: a non-null entry is a boxed cache owned by the table.
     if !cache.is_null() && unsafe { (*cache).instance } == instance {

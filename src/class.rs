@@ -447,32 +447,14 @@ impl<T> ClassAllocator<T> {
     #[inline(always)]
     pub fn try_alloc(&self, value: T) -> Result<Pooled<'_, T>, AllocError> {
         // Not through `try_alloc_with`: moving a large `value` into a closure and out
-        // again costs extra copies. The fast path has no call between the caller
-        // building `value` and the write below, so the compiler builds it straight into
-        // the object; were the slow path's call on the same path, it would build the
-        // value on the stack first and copy it (measured: a 2 KiB object cost twice
-        // its memset, and a 64 B one a store-forwarding stall).
-        match self.alloc_fast() {
-            // SAFETY: a fresh object of this allocator, uninitialised.
-            Some(slot) => Ok(unsafe { self.fill(slot, value) }),
-            None => {
-                let slot = self.alloc_raw_slow()?;
-                // SAFETY: as above.
-                Ok(unsafe { self.fill(slot, value) })
-            }
-        }
-    }
-
-    /// Moves `value` into `slot` and hands out the handle.
-    ///
-    /// # Safety
-    /// `slot` is a fresh, uninitialised object of this allocator, owned by nobody else.
-    #[inline(always)]
-    unsafe fn fill(&self, slot: NonNull<T>, value: T) -> Pooled<'_, T> {
-        // SAFETY: valid, aligned, uninitialised memory for one `T` (caller's contract).
+        // again costs extra copies. Built by the caller before the call, `value` still
+        // lands straight in the object, because nothing on the fast path is opaque to
+        // the compiler's alias analysis (see `sync::relaxed`).
+        let slot = self.alloc_raw()?;
+        // SAFETY: valid, aligned, uninitialised memory for one `T`.
         unsafe { slot.as_ptr().write(value) };
-        // SAFETY: now initialised; owned by nobody else (caller's contract).
-        unsafe { Pooled::from_raw(self, slot) }
+        // SAFETY: a fresh slot of this allocator, now initialised, owned by nobody else.
+        Ok(unsafe { Pooled::from_raw(self, slot) })
     }
 
     /// Allocates an object constructed by `init`, or returns an error without calling

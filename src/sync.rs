@@ -128,13 +128,38 @@ impl StatCounter {
 /// atomic: it *is* a `Relaxed` access, so doing it in inline assembly keeps the program
 /// free of data races while the compiler sees a load that only reads memory, or a store
 /// it cannot see into (which it knows cannot touch a value whose address never escaped).
-/// Elsewhere, and under Miri (which cannot run assembly), these are ordinary atomics.
-/// Only `Relaxed` semantics are offered: nothing may be published through them.
+/// Elsewhere, under Miri (which cannot run assembly) and under loom, these are ordinary
+/// atomics. Only `Relaxed` semantics are offered: nothing may be published through them.
 /// ThreadSanitizer does not see accesses made in assembly, so it checks neither these
 /// nor their races; they carry no protocol, which is what makes that acceptable.
-#[cfg(not(loom))]
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(miri),
+    not(loom)
+))]
 pub(crate) mod relaxed {
     use std::sync::atomic::{AtomicU32, AtomicU64};
+
+    /// The instruction: `mov` on x86-64, `ldr`/`str` on AArch64. The literals are the
+    /// register-width modifiers of each (`:e` / `:w` for 32 bits, none for 64).
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! insn {
+        (load, $x86:literal, $arm:literal) => {
+            concat!("mov {v", $x86, "}, [{p}]")
+        };
+        (store, $x86:literal, $arm:literal) => {
+            concat!("mov [{p}], {v", $x86, "}")
+        };
+    }
+    #[cfg(target_arch = "aarch64")]
+    macro_rules! insn {
+        (load, $x86:literal, $arm:literal) => {
+            concat!("ldr {v", $arm, "}, [{p}]")
+        };
+        (store, $x86:literal, $arm:literal) => {
+            concat!("str {v", $arm, "}, [{p}]")
+        };
+    }
 
     macro_rules! relaxed_access {
         ($load:ident, $store:ident, $atomic:ty, $int:ty, $x86:literal, $arm:literal) => {
@@ -142,60 +167,33 @@ pub(crate) mod relaxed {
             #[inline(always)]
             #[allow(dead_code)]
             pub(crate) fn $load(a: &$atomic) -> $int {
-                #[cfg(all(any(target_arch = "x86_64", target_arch = "aarch64"), not(miri)))]
-                {
-                    let v: $int;
-                    // SAFETY: `a.as_ptr()` is valid and aligned for `$int` (an atomic has
-                    // its integer's size and alignment), and an aligned access of this
-                    // size is single-copy atomic on these targets: this is a `Relaxed`
-                    // load, which may race with other atomic accesses.
-                    unsafe {
-                        #[cfg(target_arch = "x86_64")]
-                        std::arch::asm!(
-                            concat!("mov {v", $x86, "}, [{p}]"),
-                            p = in(reg) a.as_ptr(),
-                            v = lateout(reg) v,
-                            options(nostack, preserves_flags, readonly, pure),
-                        );
-                        #[cfg(target_arch = "aarch64")]
-                        std::arch::asm!(
-                            concat!("ldr {v", $arm, "}, [{p}]"),
-                            p = in(reg) a.as_ptr(),
-                            v = lateout(reg) v,
-                            options(nostack, preserves_flags, readonly, pure),
-                        );
-                    }
-                    v
-                }
-                #[cfg(not(all(any(target_arch = "x86_64", target_arch = "aarch64"), not(miri))))]
-                a.load(std::sync::atomic::Ordering::Relaxed)
+                let v: $int;
+                // An atomic has its integer's size and alignment.
+                // SAFETY: an aligned, single-copy-atomic load: a `Relaxed` load.
+                unsafe {
+                    std::arch::asm!(
+                        insn!(load, $x86, $arm),
+                        p = in(reg) a.as_ptr(),
+                        v = lateout(reg) v,
+                        options(nostack, preserves_flags, readonly, pure),
+                    )
+                };
+                v
             }
 
             /// A `Relaxed` store.
             #[inline(always)]
             #[allow(dead_code)]
             pub(crate) fn $store(a: &$atomic, v: $int) {
-                #[cfg(all(any(target_arch = "x86_64", target_arch = "aarch64"), not(miri)))]
-                // SAFETY: as for the load: an aligned, single-copy-atomic store of the
-                // atomic's own integer, i.e. a `Relaxed` store.
+                // SAFETY: an aligned, single-copy-atomic store: a `Relaxed` store.
                 unsafe {
-                    #[cfg(target_arch = "x86_64")]
                     std::arch::asm!(
-                        concat!("mov [{p}], {v", $x86, "}"),
+                        insn!(store, $x86, $arm),
                         p = in(reg) a.as_ptr(),
                         v = in(reg) v,
                         options(nostack, preserves_flags),
-                    );
-                    #[cfg(target_arch = "aarch64")]
-                    std::arch::asm!(
-                        concat!("str {v", $arm, "}, [{p}]"),
-                        p = in(reg) a.as_ptr(),
-                        v = in(reg) v,
-                        options(nostack, preserves_flags),
-                    );
-                }
-                #[cfg(not(all(any(target_arch = "x86_64", target_arch = "aarch64"), not(miri))))]
-                a.store(v, std::sync::atomic::Ordering::Relaxed)
+                    )
+                };
             }
         };
     }
@@ -204,20 +202,36 @@ pub(crate) mod relaxed {
     relaxed_access!(load_u64, store_u64, AtomicU64, u64, "", "");
 }
 
-/// StatCounter stays std under loom (see the module docs), so it needs these there too.
-#[cfg(loom)]
+/// Other targets, Miri (which cannot run assembly) and loom (where `StatCounter` stays
+/// std, see the module docs): ordinary `Relaxed` atomics.
+#[cfg(not(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(miri),
+    not(loom)
+)))]
 pub(crate) mod relaxed {
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-    #[inline(always)]
-    pub(crate) fn load_u64(a: &AtomicU64) -> u64 {
-        a.load(Ordering::Relaxed)
+    macro_rules! relaxed_access {
+        ($load:ident, $store:ident, $atomic:ty, $int:ty) => {
+            /// A `Relaxed` load.
+            #[inline(always)]
+            #[allow(dead_code)]
+            pub(crate) fn $load(a: &$atomic) -> $int {
+                a.load(Ordering::Relaxed)
+            }
+
+            /// A `Relaxed` store.
+            #[inline(always)]
+            #[allow(dead_code)]
+            pub(crate) fn $store(a: &$atomic, v: $int) {
+                a.store(v, Ordering::Relaxed)
+            }
+        };
     }
 
-    #[inline(always)]
-    pub(crate) fn store_u64(a: &AtomicU64, v: u64) {
-        a.store(v, Ordering::Relaxed)
-    }
+    relaxed_access!(load_u32, store_u32, AtomicU32, u32);
+    relaxed_access!(load_u64, store_u64, AtomicU64, u64);
 }
 
 /// Process-wide std primitives that loom does not model (see the module docs).
