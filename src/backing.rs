@@ -162,7 +162,7 @@ impl Backing {
 /// without this a trimmed spike would stay resident. Other platforms return memory on
 /// their own schedule.
 pub(crate) fn release_to_os(bytes: usize) {
-    #[cfg(all(target_os = "linux", target_env = "gnu", not(miri), not(loom)))]
+    #[cfg(all(target_os = "linux", target_env = "gnu", not(miri), not(proxalloc_loom)))]
     if bytes >= 1 << 20 {
         extern "C" {
             fn malloc_trim(pad: usize) -> i32;
@@ -170,6 +170,6 @@ pub(crate) fn release_to_os(bytes: usize) {
         // SAFETY: glibc's `malloc_trim` has no preconditions.
         unsafe { malloc_trim(0) };
     }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu", not(miri), not(loom))))]
+    #[cfg(not(all(target_os = "linux", target_env = "gnu", not(miri), not(proxalloc_loom))))]
     let _ = bytes;
 }

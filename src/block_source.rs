@@ -15,7 +15,7 @@ use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
-#[cfg(not(loom))]
+#[cfg(not(proxalloc_loom))]
 use std::sync::OnceLock;
 
 use crate::budget::ByteBudget;
@@ -122,7 +122,7 @@ impl BlockSource {
             system_allocs: StatCounter::new(),
             system_frees: StatCounter::new(),
         });
-        #[cfg(not(loom))]
+        #[cfg(not(proxalloc_loom))]
         crate::registry::register(&(large.clone() as Arc<dyn Source>));
         BlockSource {
             c8: class("pool-blocks-8K", cfg, &budget),
@@ -135,7 +135,7 @@ impl BlockSource {
 
     /// The process-wide source that [`Pool::new`](crate::Pool::new) uses, with
     /// [`DEFAULT_MAX_FREE`].
-    #[cfg(not(loom))]
+    #[cfg(not(proxalloc_loom))]
     pub fn global() -> &'static BlockSource {
         static GLOBAL: OnceLock<BlockSource> = OnceLock::new();
         GLOBAL.get_or_init(|| BlockSource::new(DEFAULT_MAX_FREE))

@@ -460,10 +460,10 @@ sync::const_thread_local! {
 
 /// Runs the table's teardown when the thread exits (std builds). A separate
 /// thread-local so that the table itself has no destructor and needs no liveness check.
-#[cfg(not(loom))]
+#[cfg(not(proxalloc_loom))]
 struct ExitHook;
 
-#[cfg(not(loom))]
+#[cfg(not(proxalloc_loom))]
 impl Drop for ExitHook {
     fn drop(&mut self) {
         // SAFETY: thread-local destructors run on the owning thread, outside any
@@ -472,21 +472,21 @@ impl Drop for ExitHook {
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(proxalloc_loom))]
 std::thread_local! {
     static EXIT_HOOK: ExitHook = const { ExitHook };
 }
 
 /// Registers the thread-exit teardown; false if the thread's thread-locals are already
 /// being destroyed.
-#[cfg(not(loom))]
+#[cfg(not(proxalloc_loom))]
 fn arm_exit_hook() -> bool {
     EXIT_HOOK.try_with(|_| ()).is_ok()
 }
 
 /// Under loom the table's own destructor does the teardown (loom drops a thread's
 /// thread-locals in no fixed order, so a separate hook could outlive the table).
-#[cfg(loom)]
+#[cfg(proxalloc_loom)]
 impl Drop for Table {
     fn drop(&mut self) {
         // SAFETY: the owning thread is exiting.
@@ -494,7 +494,7 @@ impl Drop for Table {
     }
 }
 
-#[cfg(loom)]
+#[cfg(proxalloc_loom)]
 fn arm_exit_hook() -> bool {
     true
 }

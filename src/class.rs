@@ -70,16 +70,16 @@ pub struct ClassAllocator<T> {
     /// A budget shared with other allocators (a pool block source's classes), instead
     /// of one of `config.depot_bytes`.
     budget: Option<Arc<ByteBudget>>,
-    #[cfg(not(loom))]
+    #[cfg(not(proxalloc_loom))]
     engine: crate::sync::AtomicPtr<Engine>,
     /// Copies of the engine's slot and instance numbers, so the fast paths find the
     /// thread's cache without touching the engine. Only hints: until they are set they
     /// match no cache, and a mismatch takes the cold path, which uses the engine's own.
-    #[cfg(not(loom))]
+    #[cfg(not(proxalloc_loom))]
     slot_hint: crate::sync::AtomicU32,
-    #[cfg(not(loom))]
+    #[cfg(not(proxalloc_loom))]
     instance_hint: crate::sync::AtomicU64,
-    #[cfg(loom)]
+    #[cfg(proxalloc_loom)]
     engine: Arc<Engine>,
     _type: PhantomData<fn(T) -> T>,
 }
@@ -89,19 +89,19 @@ pub struct ClassAllocator<T> {
 
 impl<T> ClassAllocator<T> {
     /// An allocator named `name`, with the default [`Config`].
-    #[cfg(not(loom))]
+    #[cfg(not(proxalloc_loom))]
     pub const fn new(name: &'static str) -> Self {
         Self::with_config(name, Config::new())
     }
 
     /// An allocator named `name` with `config`.
-    #[cfg(not(loom))]
+    #[cfg(not(proxalloc_loom))]
     pub const fn with_config(name: &'static str, config: Config) -> Self {
         Self::with_parts(name, config, None, None)
     }
 
     /// An allocator with object hooks (recycling) and/or a shared depot budget.
-    #[cfg(not(loom))]
+    #[cfg(not(proxalloc_loom))]
     pub(crate) const fn with_parts(
         name: &'static str,
         config: Config,
@@ -121,20 +121,20 @@ impl<T> ClassAllocator<T> {
     }
 
     /// An allocator named `name`, with the default [`Config`].
-    #[cfg(loom)]
+    #[cfg(proxalloc_loom)]
     pub fn new(name: &'static str) -> Self {
         Self::with_config(name, Config::new())
     }
 
     /// An allocator named `name` with `config`. (Under loom the engine is built eagerly,
     /// inside the model.)
-    #[cfg(loom)]
+    #[cfg(proxalloc_loom)]
     pub fn with_config(name: &'static str, config: Config) -> Self {
         Self::with_parts(name, config, None, None)
     }
 
     /// An allocator with object hooks (recycling) and/or a shared depot budget.
-    #[cfg(loom)]
+    #[cfg(proxalloc_loom)]
     pub(crate) fn with_parts(
         name: &'static str,
         config: Config,
@@ -169,7 +169,7 @@ impl<T> ClassAllocator<T> {
 
     /// The engine, created on first use. The pointer is the one `Arc::into_raw` gave
     /// (with provenance over the whole `Arc` allocation, which `engine_arc` needs).
-    #[cfg(not(loom))]
+    #[cfg(not(proxalloc_loom))]
     #[inline(always)]
     fn engine_ptr(&self) -> *const Engine {
         use crate::sync::Ordering;
@@ -180,14 +180,14 @@ impl<T> ClassAllocator<T> {
         p
     }
 
-    #[cfg(not(loom))]
+    #[cfg(not(proxalloc_loom))]
     #[inline(always)]
     pub(crate) fn engine(&self) -> &Engine {
         // SAFETY: a published engine lives until this allocator is dropped.
         unsafe { &*self.engine_ptr() }
     }
 
-    #[cfg(not(loom))]
+    #[cfg(not(proxalloc_loom))]
     #[cold]
     fn init_engine(&self) -> *const Engine {
         use crate::sync::Ordering;
@@ -225,14 +225,14 @@ impl<T> ClassAllocator<T> {
         }
     }
 
-    #[cfg(loom)]
+    #[cfg(proxalloc_loom)]
     #[inline(always)]
     pub(crate) fn engine(&self) -> &Engine {
         &self.engine
     }
 
     /// This thread's cache, found without touching the engine.
-    #[cfg(not(loom))]
+    #[cfg(not(proxalloc_loom))]
     #[inline(always)]
     fn lookup(&self) -> Lookup {
         use crate::sync::Ordering;
@@ -243,7 +243,7 @@ impl<T> ClassAllocator<T> {
     }
 
     /// This thread's inline cache, if it has one (see [`cache::lookup_fast`]).
-    #[cfg(not(loom))]
+    #[cfg(not(proxalloc_loom))]
     #[inline(always)]
     fn lookup_fast(&self) -> Option<*mut ThreadCache> {
         // Not `load(Relaxed)`: see `sync::relaxed` (an atomic here would make every
@@ -254,20 +254,20 @@ impl<T> ClassAllocator<T> {
         )
     }
 
-    #[cfg(loom)]
+    #[cfg(proxalloc_loom)]
     #[inline(always)]
     fn lookup_fast(&self) -> Option<*mut ThreadCache> {
         cache::lookup_fast(self.engine.slot(), self.engine.instance())
     }
 
-    #[cfg(loom)]
+    #[cfg(proxalloc_loom)]
     #[inline(always)]
     fn lookup(&self) -> Lookup {
         cache::lookup(self.engine.slot(), self.engine.instance())
     }
 
     /// The engine as an `Arc` (borrowed: not counted), for registering a thread cache.
-    #[cfg(not(loom))]
+    #[cfg(not(proxalloc_loom))]
     fn engine_arc(&self) -> ManuallyDrop<Arc<Engine>> {
         let e = self.engine_ptr();
         // SAFETY: the allocator holds one strong count, made by `Arc::into_raw`, and the
@@ -276,7 +276,7 @@ impl<T> ClassAllocator<T> {
     }
 
     /// Under loom a counted clone (loom tracks every count, and this one is dropped).
-    #[cfg(loom)]
+    #[cfg(proxalloc_loom)]
     fn engine_arc(&self) -> Arc<Engine> {
         self.engine.clone()
     }
@@ -615,7 +615,7 @@ impl Drop for StandIn<'_> {
 
 impl<T> Drop for ClassAllocator<T> {
     fn drop(&mut self) {
-        #[cfg(not(loom))]
+        #[cfg(not(proxalloc_loom))]
         {
             let p = *self.engine.get_mut();
             if p.is_null() {
@@ -628,7 +628,7 @@ impl<T> Drop for ClassAllocator<T> {
                 engine.shutdown();
             }
         }
-        #[cfg(loom)]
+        #[cfg(proxalloc_loom)]
         // SAFETY: as above.
         unsafe {
             self.engine.shutdown()

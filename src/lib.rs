@@ -29,7 +29,7 @@
 //! See `docs/design.md` in the repository for the layers, the ABA scheme and every
 //! memory ordering.
 #![warn(missing_docs)]
-#![cfg_attr(loom, allow(dead_code, unreachable_pub))]
+#![cfg_attr(proxalloc_loom, allow(dead_code, unreachable_pub))]
 
 mod backing;
 mod block_source;
@@ -71,8 +71,8 @@ pub fn trim_all() -> usize {
     registry::trim_all()
 }
 
-/// Internals for the `loom-tests` crate. Not API: present only under `--cfg loom`.
-#[cfg(loom)]
+/// Internals for the `loom-tests` crate. Not API: present only under `--cfg proxalloc_loom`.
+#[cfg(proxalloc_loom)]
 #[doc(hidden)]
 pub mod __loom {
     pub use crate::backing::Backing;

@@ -20,7 +20,7 @@ use crate::sync::{self, AtomicPtr, AtomicU32, Ordering, UnsafeCell};
 pub const NIL: u32 = u32::MAX;
 
 /// The first segment holds `1 << BASE_SHIFT` descriptors; each next one twice as many.
-const BASE_SHIFT: u32 = if cfg!(loom) { 1 } else { 4 };
+const BASE_SHIFT: u32 = if cfg!(proxalloc_loom) { 1 } else { 4 };
 /// Enough segments to address every index below [`NIL`].
 const SEGMENTS: usize = (33 - BASE_SHIFT) as usize;
 

@@ -243,7 +243,7 @@ pub struct Pool<'s> {
 // values it holds are `Send` (required at registration); the source is `Sync`.
 unsafe impl Send for Pool<'_> {}
 
-#[cfg(not(loom))]
+#[cfg(not(proxalloc_loom))]
 impl Pool<'static> {
     /// A pool drawing from [`BlockSource::global`]. Takes no memory until first used.
     pub fn new() -> Self {
@@ -258,7 +258,7 @@ impl Pool<'static> {
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(proxalloc_loom))]
 impl Default for Pool<'static> {
     fn default() -> Self {
         Pool::new()

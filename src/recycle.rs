@@ -105,13 +105,13 @@ impl<T: Recycle> RecyclingAllocator<T> {
     };
 
     /// An allocator named `name`, with the default [`Config`].
-    #[cfg(not(loom))]
+    #[cfg(not(proxalloc_loom))]
     pub const fn new(name: &'static str) -> Self {
         Self::with_config(name, Config::new())
     }
 
     /// An allocator named `name` with `config`.
-    #[cfg(not(loom))]
+    #[cfg(not(proxalloc_loom))]
     pub const fn with_config(name: &'static str, config: Config) -> Self {
         RecyclingAllocator {
             inner: ClassAllocator::with_parts(name, config, Some(Self::HOOKS), None),
@@ -119,13 +119,13 @@ impl<T: Recycle> RecyclingAllocator<T> {
     }
 
     /// An allocator named `name`, with the default [`Config`].
-    #[cfg(loom)]
+    #[cfg(proxalloc_loom)]
     pub fn new(name: &'static str) -> Self {
         Self::with_config(name, Config::new())
     }
 
     /// An allocator named `name` with `config`.
-    #[cfg(loom)]
+    #[cfg(proxalloc_loom)]
     pub fn with_config(name: &'static str, config: Config) -> Self {
         RecyclingAllocator {
             inner: ClassAllocator::with_parts(name, config, Some(Self::HOOKS), None),

@@ -17,7 +17,7 @@ pub(crate) trait Source: Send + Sync {
     fn trim(&self) -> usize;
 }
 
-#[cfg(not(loom))]
+#[cfg(not(proxalloc_loom))]
 mod imp {
     use std::sync::{Arc, Mutex, Weak};
 
@@ -39,7 +39,7 @@ mod imp {
 }
 
 /// Under loom the models build allocators as plain values; nothing is listed.
-#[cfg(loom)]
+#[cfg(proxalloc_loom)]
 mod imp {
     use super::Source;
     use crate::sync::Arc;
@@ -49,7 +49,7 @@ mod imp {
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(proxalloc_loom))]
 pub(crate) use imp::register;
 pub(crate) use imp::sources;
 

@@ -2,7 +2,7 @@
 //!
 //! Everything the loom models must see (atomics that carry a protocol, cells that hold
 //! data handed between threads, thread-locals, mutexes, `Arc`, and the raw allocations of
-//! object memory) comes from here. Under `--cfg loom` these are loom's types, so the
+//! object memory) comes from here. Under `--cfg proxalloc_loom` these are loom's types, so the
 //! models check every ordering and every allocation; otherwise they are std's.
 //!
 //! Two things deliberately stay std under loom:
@@ -11,7 +11,7 @@
 //! - [`process`]: process-wide registration (dense slot numbers for the thread-cache
 //!   table), touched only outside any modelled protocol.
 
-#[cfg(loom)]
+#[cfg(proxalloc_loom)]
 mod imp {
     pub(crate) use loom::alloc::{alloc, dealloc};
     pub(crate) use loom::cell::UnsafeCell;
@@ -28,7 +28,7 @@ mod imp {
     pub(crate) use const_thread_local;
 }
 
-#[cfg(not(loom))]
+#[cfg(not(proxalloc_loom))]
 mod imp {
     pub(crate) use std::alloc::{alloc, dealloc};
     pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
@@ -135,7 +135,7 @@ impl StatCounter {
 #[cfg(all(
     any(target_arch = "x86_64", target_arch = "aarch64"),
     not(miri),
-    not(loom)
+    not(proxalloc_loom)
 ))]
 pub(crate) mod relaxed {
     use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -207,7 +207,7 @@ pub(crate) mod relaxed {
 #[cfg(not(all(
     any(target_arch = "x86_64", target_arch = "aarch64"),
     not(miri),
-    not(loom)
+    not(proxalloc_loom)
 )))]
 pub(crate) mod relaxed {
     use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -240,7 +240,7 @@ pub(crate) mod process {
     pub(crate) use std::sync::Mutex;
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(proxalloc_loom)))]
 mod tests {
     use super::{relaxed, StatCounter};
     use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

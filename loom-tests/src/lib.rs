@@ -1,1 +1,1 @@
-//! Empty library: the models live in `tests/` and compile only under `--cfg loom`.
+//! Empty library: the models live in `tests/` and compile only under `--cfg proxalloc_loom`.

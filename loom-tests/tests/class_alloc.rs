@@ -4,7 +4,7 @@
 //! Magazines hold one or two objects, so a handful of operations reach every slow path.
 //! Object memory comes from `loom::alloc`, so an object that is never returned to the
 //! backing allocator fails the model as a leak; every model also checks the accounting.
-#![cfg(loom)]
+#![cfg(proxalloc_loom)]
 
 use std::ptr::NonNull;
 

@@ -4,7 +4,7 @@
 //! Each magazine's `len` field doubles as a payload: the owner writes it before every push
 //! and every popper reads it, through loom's `UnsafeCell`, so a push or pop with too weak
 //! an ordering shows up as a causality violation.
-#![cfg(loom)]
+#![cfg(proxalloc_loom)]
 
 use loom::sync::Arc;
 use loom::thread;
