@@ -88,14 +88,19 @@ impl Backing {
 
     /// Destroys the object at `p` (with hooks). A panic in its destructor is caught and
     /// discarded: it happens inside the allocator, which must stay consistent, and the
-    /// memory is freed regardless.
+    /// memory is freed regardless. The panic's payload is forgotten, not dropped: a
+    /// payload whose own `Drop` panics would otherwise unwind out of here, in the middle
+    /// of a batch whose remaining objects would then be destroyed again.
     ///
     /// # Safety
     /// `p` holds a live object of the hooks' type, which is not used again.
     unsafe fn destroy(&self, p: NonNull<u8>) {
         if let Some(hooks) = self.hooks {
             // SAFETY: forwarded from the caller.
-            let _ = catch_unwind(AssertUnwindSafe(|| unsafe { (hooks.destroy)(p.as_ptr()) }));
+            let result = catch_unwind(AssertUnwindSafe(|| unsafe { (hooks.destroy)(p.as_ptr()) }));
+            if let Err(payload) = result {
+                std::mem::forget(payload);
+            }
         }
     }
 
@@ -162,7 +167,12 @@ impl Backing {
 /// without this a trimmed spike would stay resident. Other platforms return memory on
 /// their own schedule.
 pub(crate) fn release_to_os(bytes: usize) {
-    #[cfg(all(target_os = "linux", target_env = "gnu", not(miri), not(proxalloc_loom)))]
+    #[cfg(all(
+        target_os = "linux",
+        target_env = "gnu",
+        not(miri),
+        not(proxalloc_loom)
+    ))]
     if bytes >= 1 << 20 {
         extern "C" {
             fn malloc_trim(pad: usize) -> i32;
@@ -170,6 +180,11 @@ pub(crate) fn release_to_os(bytes: usize) {
         // SAFETY: glibc's `malloc_trim` has no preconditions.
         unsafe { malloc_trim(0) };
     }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu", not(miri), not(proxalloc_loom))))]
+    #[cfg(not(all(
+        target_os = "linux",
+        target_env = "gnu",
+        not(miri),
+        not(proxalloc_loom)
+    )))]
     let _ = bytes;
 }

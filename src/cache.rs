@@ -8,10 +8,11 @@
 
 use std::cell::{Cell, UnsafeCell};
 use std::ptr::{self, NonNull};
+use std::sync::atomic::AtomicBool;
 
-use crate::engine::Engine;
+use crate::engine::{Engine, Evictions};
 use crate::magazine::{self, Magazine};
-use crate::sync::{self, Arc, StatCounter};
+use crate::sync::{self, Arc, Ordering, StatCounter};
 
 /// Counters of one cache (or of all retired caches of an engine).
 #[derive(Debug, Default)]
@@ -71,13 +72,37 @@ impl Counters {
     }
 }
 
-/// One thread's cache for one allocator. Only its thread touches the magazine state;
-/// other threads read the counters (atomics) under the allocator's registry lock. The
-/// fields the fast paths touch come first, in one cache line.
+/// One thread's cache for one allocator.
+///
+/// It has two parts with different rules (see "Owner and administrator" in
+/// docs/design.md):
+/// - [`Owned`], behind an `UnsafeCell`: the magazines. Only the owner thread ever
+///   touches it, through [`owned`](Self::owned), and never across code that may run
+///   user code (a recycled value's destructor or constructor), so no reference to it is
+///   live when the allocator is re-entered.
+/// - the shared part: statistics counters (bumped by the owner, read by any thread under
+///   the engine's registry lock) and the flush request (set by any thread, taken by the
+///   owner). Both are atomics, and other threads only ever reach this part through a
+///   pointer to the field, never a reference to the whole cache.
+///
+/// The fast paths' fields come first, in one cache line.
 #[derive(Debug)]
 #[repr(C, align(64))]
 pub(crate) struct ThreadCache {
-    /// Instance number of the engine this cache belongs to (immutable).
+    owned: UnsafeCell<Owned>,
+    /// What this cache did, bumped by its thread only.
+    pub(crate) counters: Counters,
+    /// Set by `trim_all` or a dying allocator on another thread: the owner flushes the
+    /// cache at its next slow path. A hint (nothing is published through it), so it is a
+    /// std atomic even under loom.
+    flush_request: AtomicBool,
+}
+
+/// The owner-only part of a [`ThreadCache`].
+#[derive(Debug)]
+#[repr(C)]
+pub(crate) struct Owned {
+    /// Instance number of the engine this cache belongs to ([`EMPTY`] when unused).
     pub(crate) instance: u64,
     /// Slot array of the loaded magazine (dangling when `cap == 0`).
     slots: *mut *mut u8,
@@ -90,11 +115,6 @@ pub(crate) struct ThreadCache {
     loaded: *const Magazine,
     /// The previous magazine, or null; its descriptor's `len` is current.
     previous: *const Magazine,
-    /// What this cache did, bumped by its thread only.
-    pub(crate) counters: Counters,
-    /// True for a stand-in cache used after thread-local teardown: its slow paths go
-    /// straight to the backing allocator and it never holds magazines.
-    pub(crate) detached: bool,
     /// Live [`Pin`]s: while non-zero the cache must not be retired.
     pins: usize,
     /// `allocs + frees` when the idle collector last looked at this cache.
@@ -102,35 +122,84 @@ pub(crate) struct ThreadCache {
 }
 
 impl ThreadCache {
-    pub(crate) const fn new(instance: u64, detached: bool) -> Self {
+    pub(crate) const fn new(instance: u64) -> Self {
         ThreadCache {
-            instance,
-            slots: ptr::null_mut(),
-            len: 0,
-            cap: 0,
-            loaded: ptr::null(),
-            previous: ptr::null(),
+            owned: UnsafeCell::new(Owned {
+                instance,
+                slots: ptr::null_mut(),
+                len: 0,
+                cap: 0,
+                loaded: ptr::null(),
+                previous: ptr::null(),
+                pins: 0,
+                gc_seen: 0,
+            }),
             counters: Counters::new(),
-            detached,
-            pins: 0,
-            gc_seen: 0,
+            flush_request: AtomicBool::new(false),
         }
     }
 
-    /// Whether a [`Pin`] holds this cache.
-    pub(crate) fn pinned(&self) -> bool {
-        self.pins > 0
+    /// The owner-only part.
+    ///
+    /// # Safety
+    /// Called on the owner thread, with no other reference from `owned` live; the
+    /// result is not kept across code that may run user code.
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)] // the UnsafeCell and the contract above make it unique
+    pub(crate) unsafe fn owned(&self) -> &mut Owned {
+        // SAFETY: per the contract, this is the only reference into the cell.
+        unsafe { &mut *self.owned.get() }
+    }
+
+    /// The instance number, read by the owner's lookups.
+    ///
+    /// # Safety
+    /// Called on the owner thread, with no reference from `owned` live.
+    #[inline(always)]
+    pub(crate) unsafe fn instance(this: *const ThreadCache) -> u64 {
+        // SAFETY: per the contract; a read through the cell's pointer, no reference.
+        unsafe { (*UnsafeCell::raw_get(ptr::addr_of!((*this).owned))).instance }
+    }
+
+    /// The shared counters of the cache at `this`, for readers on any thread.
+    ///
+    /// # Safety
+    /// `this` points to a live cache (registered caches stay allocated while their
+    /// engine's registry lock is held).
+    pub(crate) unsafe fn counters<'c>(this: *const ThreadCache) -> &'c Counters {
+        // SAFETY: per the contract; only the atomic field is borrowed, never the cell.
+        unsafe { &*ptr::addr_of!((*this).counters) }
+    }
+
+    /// Asks the owner to flush this cache at its next slow path (any thread).
+    ///
+    /// # Safety
+    /// As for [`counters`](Self::counters).
+    pub(crate) unsafe fn request_flush(this: *const ThreadCache) {
+        // SAFETY: per the contract; only the atomic field is borrowed.
+        unsafe { (*ptr::addr_of!((*this).flush_request)).store(true, Ordering::Relaxed) };
+    }
+
+    /// Takes a pending flush request (owner only).
+    pub(crate) fn take_flush_request(&self) -> bool {
+        self.flush_request.load(Ordering::Relaxed)
+            && self.flush_request.swap(false, Ordering::Relaxed)
     }
 
     /// Fast path: pops the loaded magazine.
+    ///
+    /// # Safety
+    /// As for [`owned`](Self::owned).
     #[inline(always)]
-    pub(crate) fn pop(&mut self) -> Option<NonNull<u8>> {
-        if self.len == 0 {
+    pub(crate) unsafe fn pop(&self) -> Option<NonNull<u8>> {
+        // SAFETY: forwarded; the borrow ends before this returns.
+        let o = unsafe { self.owned() };
+        if o.len == 0 {
             return None;
         }
-        self.len -= 1;
+        o.len -= 1;
         // SAFETY: `slots[..len + 1]` are valid objects of the loaded magazine.
-        let object = unsafe { magazine::slot(self.slots, self.len) };
+        let object = unsafe { magazine::slot(o.slots, o.len) };
         // After the read: the compiler cannot see through the counter's store, so it
         // would reload `slots` and `len` after it.
         self.counters.allocs.bump(1);
@@ -138,16 +207,28 @@ impl ThreadCache {
     }
 
     /// Fast path: pushes onto the loaded magazine; false when it is full.
+    ///
+    /// # Safety
+    /// As for [`owned`](Self::owned).
     #[inline(always)]
-    pub(crate) fn push(&mut self, object: NonNull<u8>) -> bool {
-        if self.len == self.cap {
+    pub(crate) unsafe fn push(&self, object: NonNull<u8>) -> bool {
+        // SAFETY: forwarded; the borrow ends before this returns.
+        let o = unsafe { self.owned() };
+        if o.len == o.cap {
             return false;
         }
         // SAFETY: `len < cap`, inside the loaded magazine's slot array.
-        unsafe { *self.slots.add(self.len) = object.as_ptr() };
-        self.len += 1;
+        unsafe { *o.slots.add(o.len) = object.as_ptr() };
+        o.len += 1;
         self.counters.frees.bump(1);
         true
+    }
+}
+
+impl Owned {
+    /// Whether a [`Pin`] holds this cache.
+    pub(crate) fn pinned(&self) -> bool {
+        self.pins > 0
     }
 
     pub(crate) fn previous(&self) -> Option<&Magazine> {
@@ -201,7 +282,7 @@ impl ThreadCache {
 
     /// Makes `mag` (owned by the caller) the previous magazine. There must be none.
     pub(crate) fn set_previous(&mut self, mag: Option<NonNull<Magazine>>) {
-        debug_assert!(self.previous.is_null());
+        debug_assert!(self.previous.is_null(), "a previous magazine would be lost");
         self.previous = mag.map_or(ptr::null(), |m| m.as_ptr());
     }
 
@@ -218,22 +299,25 @@ impl ThreadCache {
 
 /// Keeps a thread's cache from being retired by `release_thread_cache` while a
 /// `LocalCache` points at it.
-pub(crate) struct Pin(*mut ThreadCache);
+pub(crate) struct Pin(*const ThreadCache);
 
 impl Pin {
     /// Pins `cache`, this thread's registered cache.
-    pub(crate) fn new(cache: *mut ThreadCache) -> Self {
-        // SAFETY: this thread's own cache, alive (it is registered) and not borrowed.
-        unsafe { (*cache).pins += 1 };
+    ///
+    /// # Safety
+    /// `cache` is this thread's cache, and no reference from its `owned` is live.
+    pub(crate) unsafe fn new(cache: *const ThreadCache) -> Self {
+        // SAFETY: per the contract.
+        unsafe { (*cache).owned().pins += 1 };
         Pin(cache)
     }
 }
 
 impl Drop for Pin {
     fn drop(&mut self) {
-        // SAFETY: a pinned cache is not freed until its thread exits, and this pin lives
-        // on that thread's stack.
-        unsafe { (*self.0).pins -= 1 };
+        // SAFETY: a pinned cache is not freed until its thread exits, this pin lives on
+        // that thread's stack, and no owner borrow is live where a pin drops.
+        unsafe { (*self.0).owned().pins -= 1 };
     }
 }
 
@@ -251,17 +335,64 @@ const FAST_SLOTS: usize = 16;
 /// rules), so this is a count of operations, not of time.
 pub(crate) const GC_PERIOD: u32 = 256;
 
+/// Bumped whenever another thread posts flush requests (`trim_all`) or an allocator
+/// shuts down: each thread compares it with the value it last saw on its slow paths,
+/// and sweeps its caches when it moved. One relaxed load per slow path; a hint only
+/// (the per-cache requests and the engines' `alive` flags are what the sweep acts on).
+#[cfg(not(proxalloc_loom))]
+static FLUSH_EPOCH: sync::process::AtomicU64 = sync::process::AtomicU64::new(0);
+
+// Under loom, one per model execution (a process-wide value would make thread sweeps
+// depend on earlier executions, which loom rejects as non-determinism), and modelled.
+#[cfg(proxalloc_loom)]
+loom::lazy_static! {
+    static ref FLUSH_EPOCH: sync::AtomicU64 = sync::AtomicU64::new(0);
+}
+
+/// Tells every thread to sweep its caches at its next slow path.
+pub(crate) fn announce_flush_requests() {
+    FLUSH_EPOCH.fetch_add(1, Ordering::Release);
+}
+
+/// Work left over from a table operation, done once the table and every cache are
+/// consistent and nothing is borrowed: releasing evicted objects (which runs a
+/// recycling allocator's destructors, user code that may re-enter any allocator), and
+/// dropping engines (the last reference frees a dead allocator's depot).
+#[derive(Default)]
+pub(crate) struct Garbage {
+    items: Vec<(Arc<Engine>, Evictions)>,
+}
+
+impl Garbage {
+    fn push(&mut self, engine: Arc<Engine>, evictions: Evictions) {
+        self.items.push((engine, evictions));
+    }
+
+    /// Releases everything; returns the number of objects released.
+    pub(crate) fn release(self) -> usize {
+        let mut released = 0;
+        for (engine, evictions) in self.items {
+            released += engine.release(evictions);
+            drop(engine);
+        }
+        released
+    }
+}
+
 /// A thread's caches, indexed by the dense slot number of each allocator it has used.
 ///
-/// The table owns its caches: it empties or frees them at thread exit, on
-/// `release_thread_cache`, and when a slot passes to a new allocator. So a stale entry
-/// (left by an allocator that was dropped) is still a valid cache whose instance number
-/// matches nobody, and [`lookup`] may read it.
+/// The table owns its caches: it retires them at thread exit, on
+/// `release_thread_cache`, when their allocator is gone, and when a slot passes to a new
+/// allocator. A stale entry is still a valid cache whose instance number matches nobody,
+/// and [`lookup`] may read it.
 ///
 /// Off loom the table itself needs no destructor, so std gives the thread-local a
 /// `const` initialiser and no lazy-initialisation or liveness check: the fast paths
 /// address it directly. The thread-exit work is done by a separate thread-local,
 /// [`ExitHook`], armed when the thread registers its first cache.
+///
+/// Methods that borrow `rest` or a cache's owner part run no user code: what needs it
+/// comes back as [`Garbage`], released after the borrow ends.
 struct Table {
     fast: UnsafeCell<[ThreadCache; FAST_SLOTS]>,
     /// Everything else, boxed on first registration and freed at thread exit.
@@ -270,9 +401,8 @@ struct Table {
     torn_down: Cell<bool>,
     /// Slow-path entries on this thread since the idle collector last ran.
     gc_clock: Cell<u32>,
-    /// Set while the idle collector runs (it may run user destructors, which may
-    /// allocate: it must not start again inside itself).
-    collecting: Cell<bool>,
+    /// [`FLUSH_EPOCH`] when this thread last swept its caches.
+    seen_epoch: Cell<u64>,
 }
 
 #[derive(Default)]
@@ -280,47 +410,95 @@ struct Rest {
     /// Boxed caches of slots `FAST_SLOTS..`, at `slot - FAST_SLOTS` (null when none).
     more: Vec<*mut ThreadCache>,
     /// Per slot: the engine of a registered cache, kept alive so the thread-exit flush
-    /// can reach it (or see that its allocator is gone).
+    /// can reach it (and so a dead allocator's magazines stay valid until this thread
+    /// has released what its cache holds).
     owners: Vec<Option<Arc<Engine>>>,
+}
+
+impl Rest {
+    /// The cache of `slot` (null for a boxed slot never used).
+    fn cache(&self, fast: *mut ThreadCache, slot: usize) -> *mut ThreadCache {
+        if slot < FAST_SLOTS {
+            // SAFETY: in bounds of the inline array.
+            return unsafe { fast.add(slot) };
+        }
+        self.more
+            .get(slot - FAST_SLOTS)
+            .copied()
+            .unwrap_or(ptr::null_mut())
+    }
+
+    /// Retires the cache of `slot`, if registered: it leaves its engine's registry and
+    /// hands its magazines over, and the entry becomes unused. No user code runs.
+    ///
+    /// # Safety
+    /// Called by the owning thread, with no reference into the cache's owner part live.
+    unsafe fn retire(&mut self, fast: *mut ThreadCache, slot: usize, garbage: &mut Garbage) {
+        let Some(engine) = self.owners.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        let c = self.cache(fast, slot);
+        // SAFETY: a registered cache of this thread, per the caller's contract.
+        unsafe {
+            debug_assert!(!(*c).owned().pinned(), "retiring a pinned cache");
+            let evictions = engine.retire_cache(&*c);
+            (*c).owned().instance = EMPTY;
+            garbage.push(engine, evictions);
+        }
+    }
 }
 
 impl Table {
     const fn new() -> Self {
         Table {
-            fast: UnsafeCell::new([const { ThreadCache::new(EMPTY, false) }; FAST_SLOTS]),
+            fast: UnsafeCell::new([const { ThreadCache::new(EMPTY) }; FAST_SLOTS]),
             rest: Cell::new(ptr::null_mut()),
             torn_down: Cell::new(false),
             gc_clock: Cell::new(0),
-            collecting: Cell::new(false),
+            seen_epoch: Cell::new(0),
         }
+    }
+
+    fn fast(&self) -> *mut ThreadCache {
+        self.fast.get().cast::<ThreadCache>()
+    }
+
+    /// Runs `f` on `rest` (if the thread has one).
+    ///
+    /// # Safety
+    /// Called by the owning thread; `f` runs no user code and does not re-enter the
+    /// table.
+    unsafe fn with_rest<R>(&self, f: impl FnOnce(&mut Rest) -> R) -> Option<R> {
+        // SAFETY: `rest` is null or a live box owned by this thread's table, and per
+        // the contract nothing else borrows it while `f` runs.
+        unsafe { self.rest.get().as_mut() }.map(f)
     }
 
     /// The cache of `slot`, if it has one (in use or stale).
     ///
     /// # Safety
-    /// Called by the owning thread, with no reference into the table live.
+    /// Called by the owning thread.
     unsafe fn cache(&self, slot: usize) -> *mut ThreadCache {
         if slot < FAST_SLOTS {
             // SAFETY: in bounds of the inline array.
-            return unsafe { self.fast.get().cast::<ThreadCache>().add(slot) };
+            return unsafe { self.fast().add(slot) };
         }
-        // SAFETY: per the caller's contract; `rest` is null or a live box.
-        match unsafe { self.rest.get().as_ref() } {
-            Some(rest) => rest
-                .more
-                .get(slot - FAST_SLOTS)
-                .copied()
-                .unwrap_or(ptr::null_mut()),
-            None => ptr::null_mut(),
-        }
+        // SAFETY: per the caller's contract; a lookup runs no user code.
+        unsafe { self.with_rest(|rest| rest.cache(self.fast(), slot)) }.unwrap_or(ptr::null_mut())
     }
 
-    /// A fresh cache for `engine` in its slot, replacing a stale one; `None` once the
-    /// thread is tearing down its thread-locals.
+    /// A fresh cache for `engine` in its slot (which `engine` has no cache in),
+    /// registered with the engine; a stale cache in that slot (its allocator was
+    /// dropped) is retired first, into `garbage`. `None` once the thread is tearing
+    /// down its thread-locals.
     ///
     /// # Safety
-    /// As for [`cache`](Self::cache).
-    unsafe fn create(&self, engine: &Arc<Engine>) -> Option<*mut ThreadCache> {
+    /// Called by the owning thread, with no reference into the table live.
+    unsafe fn create(
+        &self,
+        engine: &Arc<Engine>,
+        garbage: &mut Garbage,
+    ) -> Option<*mut ThreadCache> {
         if self.torn_down.get() {
             return None;
         }
@@ -330,127 +508,102 @@ impl Table {
             }
             self.rest.set(Box::into_raw(Box::default()));
         }
-        // SAFETY: per the caller's contract; just made non-null.
-        let rest = unsafe { &mut *self.rest.get() };
-        let slot = engine.slot() as usize;
-        if rest.owners.len() <= slot {
-            rest.owners.resize_with(slot + 1, || None);
-        }
-        // A previous owner of the slot was dropped (slots are reused only then); its
-        // shutdown already emptied this thread's cache for it, which is overwritten here.
-        rest.owners[slot] = Some(engine.clone());
-        let fresh = ThreadCache::new(engine.instance(), false);
-        if slot < FAST_SLOTS {
-            // SAFETY: as in `cache`; the old value holds nothing that needs dropping.
-            let c = unsafe { self.cache(slot) };
-            // SAFETY: as above.
-            unsafe { c.write(fresh) };
-            return Some(c);
-        }
-        if rest.more.len() <= slot - FAST_SLOTS {
-            rest.more.resize(slot - FAST_SLOTS + 1, ptr::null_mut());
-        }
-        let entry = &mut rest.more[slot - FAST_SLOTS];
-        if entry.is_null() {
-            *entry = Box::into_raw(Box::new(fresh));
-        } else {
-            // SAFETY: a boxed cache owned by this table.
-            unsafe { entry.write(fresh) };
-        }
-        Some(*entry)
-    }
-
-    /// Retires the cache of `slot` with its engine and marks the entry unused.
-    ///
-    /// # Safety
-    /// As for [`cache`](Self::cache).
-    unsafe fn retire(&self, slot: usize) {
-        // SAFETY: per the caller's contract; `rest` is null or a live box.
-        let Some(rest) = (unsafe { self.rest.get().as_mut() }) else {
-            return;
-        };
-        let Some(engine) = rest.owners.get_mut(slot).and_then(Option::take) else {
-            return;
-        };
-        // SAFETY: per the caller's contract; a registered cache is valid.
+        let fast = self.fast();
+        // SAFETY: per the contract; nothing in here runs user code.
         unsafe {
-            let c = self.cache(slot);
-            engine.retire_cache(c);
-            (*c).instance = EMPTY;
+            self.with_rest(|rest| {
+                let slot = engine.slot() as usize;
+                if rest.owners.len() <= slot {
+                    rest.owners.resize_with(slot + 1, || None);
+                }
+                rest.retire(fast, slot, garbage);
+                rest.owners[slot] = Some(engine.clone());
+                let fresh = ThreadCache::new(engine.instance());
+                let c = if slot < FAST_SLOTS {
+                    let c = fast.add(slot);
+                    // The old value is retired and holds nothing that needs dropping;
+                    // no other thread can reach it (it left its engine's registry).
+                    c.write(fresh);
+                    c
+                } else {
+                    if rest.more.len() <= slot - FAST_SLOTS {
+                        rest.more.resize(slot - FAST_SLOTS + 1, ptr::null_mut());
+                    }
+                    let entry = &mut rest.more[slot - FAST_SLOTS];
+                    if entry.is_null() {
+                        *entry = Box::into_raw(Box::new(fresh));
+                    } else {
+                        entry.write(fresh);
+                    }
+                    *entry
+                };
+                engine.adopt(c);
+                c
+            })
         }
     }
 
-    /// The idle collector: every [`GC_PERIOD`] slow-path entries on this thread, each
-    /// cache of this thread that served no operation since the previous pass gives one
-    /// magazine back to its depot (so an idle cache drains in two passes).
+    /// Sweeps this thread's caches: a cache whose allocator is gone is retired, one
+    /// with a flush request is flushed, and (on an idle pass) one that served nothing
+    /// since the previous idle pass gives one magazine back (so an idle cache drains in
+    /// two passes).
     ///
     /// # Safety
-    /// As for [`cache`](Self::cache); `busy` is the cache whose slow path is running.
-    unsafe fn tick(&self, busy: *mut ThreadCache) {
-        let n = self.gc_clock.get() + 1;
-        if n < GC_PERIOD || self.collecting.get() {
-            self.gc_clock.set(n);
-            return;
-        }
-        self.gc_clock.set(0);
-        self.collecting.set(true);
-        let mut slot = 0;
-        loop {
-            // SAFETY: per the caller's contract; re-borrowed each round because the
-            // collector may run user code that registers caches.
-            let engine = match unsafe { self.rest.get().as_ref() }.map(|r| r.owners.get(slot)) {
-                Some(Some(Some(engine))) => engine.clone(),
-                Some(Some(None)) => {
-                    slot += 1;
-                    continue;
+    /// Called by the owning thread, with no reference into the table live.
+    unsafe fn sweep(&self, idle_pass: bool, garbage: &mut Garbage) {
+        let fast = self.fast();
+        // SAFETY: per the contract; engines' retire/flush/put run no user code.
+        unsafe {
+            self.with_rest(|rest| {
+                for slot in 0..rest.owners.len() {
+                    let Some(engine) = rest.owners[slot].as_ref() else {
+                        continue;
+                    };
+                    if !engine.is_alive() {
+                        rest.retire(fast, slot, garbage);
+                        continue;
+                    }
+                    let c = &*rest.cache(fast, slot);
+                    if c.take_flush_request() {
+                        let evictions = engine.flush(c);
+                        garbage.push(engine.clone(), evictions);
+                    } else if idle_pass {
+                        let ops = c.counters.allocs.get() + c.counters.frees.get();
+                        if ops == c.owned().gc_seen {
+                            let evictions = engine.release_idle_magazine(c);
+                            garbage.push(engine.clone(), evictions);
+                        }
+                        c.owned().gc_seen = ops;
+                    }
                 }
-                _ => break,
-            };
-            // SAFETY: per the caller's contract.
-            let c = unsafe { self.cache(slot) };
-            slot += 1;
-            // The busy cache is borrowed by the running slow path: not even a read of it
-            // may go through another pointer.
-            if c == busy {
-                continue;
-            }
-            // SAFETY: a cache of this thread's table, not the one in use.
-            let cache = unsafe { &mut *c };
-            if cache.instance != engine.instance() {
-                continue;
-            }
-            let ops = cache.counters.allocs.get() + cache.counters.frees.get();
-            if ops == cache.gc_seen {
-                engine.release_idle_magazine(cache);
-            }
-            cache.gc_seen = ops;
+            });
         }
-        self.collecting.set(false);
     }
 
     /// Thread exit: retires every cache and frees what the table allocated.
     ///
     /// # Safety
-    /// As for [`cache`](Self::cache); the thread makes no further registrations.
-    unsafe fn teardown(&self) {
+    /// Called by the owning thread, with no reference into the table live; the thread
+    /// makes no further registrations.
+    unsafe fn teardown(&self) -> Garbage {
         self.torn_down.set(true);
-        let rest = self.rest.get();
+        let mut garbage = Garbage::default();
+        let rest = self.rest.replace(ptr::null_mut());
         if rest.is_null() {
-            return;
+            return garbage;
         }
-        // SAFETY: a live box owned by the table.
-        let slots = unsafe { (*rest).owners.len() };
-        for slot in 0..slots {
-            // SAFETY: per the caller's contract.
-            unsafe { self.retire(slot) };
+        // SAFETY: a live box owned by the table, now unreachable from it.
+        let mut rest = unsafe { Box::from_raw(rest) };
+        for slot in 0..rest.owners.len() {
+            // SAFETY: per the contract.
+            unsafe { rest.retire(self.fast(), slot, &mut garbage) };
         }
-        self.rest.set(ptr::null_mut());
-        // SAFETY: owned by the table and no longer reachable from it.
-        let rest = unsafe { Box::from_raw(rest) };
-        for c in rest.more.into_iter().filter(|c| !c.is_null()) {
-            // SAFETY: boxed caches owned by this table, retired above.
+        for c in rest.more.drain(..).filter(|c| !c.is_null()) {
+            // SAFETY: boxed caches owned by this table, retired above (so no other
+            // thread can reach them).
             drop(unsafe { Box::from_raw(c) });
         }
+        garbage
     }
 }
 
@@ -468,7 +621,9 @@ impl Drop for ExitHook {
     fn drop(&mut self) {
         // SAFETY: thread-local destructors run on the owning thread, outside any
         // allocator call; `LOCAL` has no destructor, so it is still accessible.
-        let _ = LOCAL.try_with(|t| unsafe { t.teardown() });
+        if let Ok(garbage) = LOCAL.try_with(|t| unsafe { t.teardown() }) {
+            garbage.release();
+        }
     }
 }
 
@@ -490,7 +645,7 @@ fn arm_exit_hook() -> bool {
 impl Drop for Table {
     fn drop(&mut self) {
         // SAFETY: the owning thread is exiting.
-        unsafe { self.teardown() };
+        unsafe { self.teardown() }.release();
     }
 }
 
@@ -502,7 +657,7 @@ fn arm_exit_hook() -> bool {
 /// What [`lookup`] found.
 pub(crate) enum Lookup {
     /// This thread's cache for the engine.
-    Cache(*mut ThreadCache),
+    Cache(*const ThreadCache),
     /// This thread has no cache for the engine (yet, or any more after teardown).
     Unregistered,
     /// Thread-local storage is gone (loom only: std's table outlives teardown).
@@ -534,18 +689,18 @@ pub(crate) fn lookup(slot: u32, instance: u64) -> Lookup {
 /// which the slow paths sort out with [`lookup`]. It makes no calls, so the fast paths
 /// around it make none either.
 #[inline(always)]
-pub(crate) fn lookup_fast(slot: u32, instance: u64) -> Option<*mut ThreadCache> {
+pub(crate) fn lookup_fast(slot: u32, instance: u64) -> Option<*const ThreadCache> {
     let slot = slot as usize;
     if slot >= FAST_SLOTS {
         return None;
     }
     LOCAL
         .try_with(|table| {
-            // SAFETY: in bounds; entries are always valid caches, touched only by this
-            // thread and never re-entrantly while a reference to one is live.
-            let cache = unsafe { table.fast.get().cast::<ThreadCache>().add(slot) };
-            // SAFETY: as above.
-            (unsafe { (*cache).instance } == instance).then_some(cache)
+            // SAFETY: in bounds; entries are always valid caches, and the owner part is
+            // never borrowed across a call into the allocator.
+            let cache = unsafe { table.fast().add(slot) };
+            // SAFETY: as above; this thread owns the table.
+            (unsafe { ThreadCache::instance(cache) } == instance).then_some(cache.cast_const())
         })
         .ok()
         .flatten()
@@ -553,47 +708,89 @@ pub(crate) fn lookup_fast(slot: u32, instance: u64) -> Option<*mut ThreadCache> 
 
 #[cold]
 fn lookup_more(table: &Table, slot: usize, instance: u64) -> Lookup {
-    // SAFETY: as in `lookup_fast`.
+    // SAFETY: this thread's table.
     let cache = unsafe { table.cache(slot) };
     // SAFETY: a non-null entry is a boxed cache owned by the table.
-    if !cache.is_null() && unsafe { (*cache).instance } == instance {
+    if !cache.is_null() && unsafe { ThreadCache::instance(cache) } == instance {
         Lookup::Cache(cache)
     } else {
         Lookup::Unregistered
     }
 }
 
-/// Creates this thread's cache for `engine` (which must have none) in the thread's
-/// table; `None` if the thread is tearing down its thread-locals.
-pub(crate) fn install(engine: &Arc<Engine>) -> Option<*mut ThreadCache> {
+/// Creates and registers this thread's cache for `engine` (which must have none); does
+/// nothing if the thread is tearing down its thread-locals. It may run user code (the
+/// destructors of values a dropped allocator left in the slot's old cache), so callers
+/// look the cache up again afterwards.
+pub(crate) fn install(engine: &Arc<Engine>) {
+    let mut garbage = Garbage::default();
     // SAFETY: this thread's table; no reference into it is live.
-    LOCAL
-        .try_with(|t| unsafe { t.create(engine) })
-        .ok()
-        .flatten()
+    let _ = LOCAL.try_with(|t| unsafe { t.create(engine, &mut garbage) });
+    garbage.release();
 }
 
-/// Counts a slow-path entry of `busy` (this thread's cache) and runs the idle collector
-/// when it is due.
-pub(crate) fn tick(busy: *mut ThreadCache) {
-    // SAFETY: this thread's table; the slow path holds no reference into it besides
-    // `busy`, which the collector skips.
-    let _ = LOCAL.try_with(|t| unsafe { t.tick(busy) });
+/// Counts a slow-path entry on this thread and sweeps its caches when the idle
+/// collector is due or another thread asked for flushes. Called at the end of slow
+/// paths, when no cache is borrowed.
+pub(crate) fn after_slow_path() {
+    let garbage = LOCAL.try_with(|t| {
+        let n = t.gc_clock.get() + 1;
+        let idle_pass = n >= GC_PERIOD;
+        let epoch = FLUSH_EPOCH.load(Ordering::Relaxed);
+        if !idle_pass && epoch == t.seen_epoch.get() {
+            t.gc_clock.set(n);
+            return None;
+        }
+        if idle_pass {
+            t.gc_clock.set(0);
+        }
+        t.seen_epoch.set(epoch);
+        let mut garbage = Garbage::default();
+        // SAFETY: this thread's table; nothing in it is borrowed at a slow path's end.
+        unsafe { t.sweep(idle_pass, &mut garbage) };
+        Some(garbage)
+    });
+    if let Ok(Some(garbage)) = garbage {
+        garbage.release();
+    }
+}
+
+/// Honours flush requests posted since this thread last looked (a `with_local` call's
+/// exit: an event loop may never take a slow path).
+pub(crate) fn honour_flush_requests() {
+    let garbage = LOCAL.try_with(|t| {
+        let epoch = FLUSH_EPOCH.load(Ordering::Relaxed);
+        if epoch == t.seen_epoch.get() {
+            return None;
+        }
+        t.seen_epoch.set(epoch);
+        let mut garbage = Garbage::default();
+        // SAFETY: as in `after_slow_path`.
+        unsafe { t.sweep(false, &mut garbage) };
+        Some(garbage)
+    });
+    if let Ok(Some(garbage)) = garbage {
+        garbage.release();
+    }
 }
 
 /// Retires this thread's cache for `engine` (its magazines go to the depot) and frees
-/// its table entry for reuse.
-pub(crate) fn uninstall(engine: &Engine) {
+/// its table entry for reuse. Returns the number of objects released to the backing
+/// allocator (what the depot's budget did not take).
+pub(crate) fn uninstall(engine: &Engine) -> usize {
+    let mut garbage = Garbage::default();
     let _ = LOCAL.try_with(|t| {
         let slot = engine.slot() as usize;
         // SAFETY: this thread's table; no reference into it is live.
         unsafe {
             let c = t.cache(slot);
-            if !c.is_null() && (*c).instance == engine.instance() {
-                t.retire(slot);
+            if !c.is_null() && ThreadCache::instance(c) == engine.instance() {
+                let fast = t.fast();
+                t.with_rest(|rest| rest.retire(fast, slot, &mut garbage));
             }
         }
     });
+    garbage.release()
 }
 
 /// Dense slot numbers for allocators, reused after an allocator is dropped, and unique

@@ -245,7 +245,7 @@ impl<T> ClassAllocator<T> {
     /// This thread's inline cache, if it has one (see [`cache::lookup_fast`]).
     #[cfg(not(proxalloc_loom))]
     #[inline(always)]
-    fn lookup_fast(&self) -> Option<*mut ThreadCache> {
+    fn lookup_fast(&self) -> Option<*const ThreadCache> {
         // Not `load(Relaxed)`: see `sync::relaxed` (an atomic here would make every
         // caller's value be built on the stack and copied).
         cache::lookup_fast(
@@ -256,7 +256,7 @@ impl<T> ClassAllocator<T> {
 
     #[cfg(proxalloc_loom)]
     #[inline(always)]
-    fn lookup_fast(&self) -> Option<*mut ThreadCache> {
+    fn lookup_fast(&self) -> Option<*const ThreadCache> {
         cache::lookup_fast(self.engine.slot(), self.engine.instance())
     }
 
@@ -277,7 +277,7 @@ impl<T> ClassAllocator<T> {
 
     /// Under loom a counted clone (loom tracks every count, and this one is dropped).
     #[cfg(proxalloc_loom)]
-    fn engine_arc(&self) -> Arc<Engine> {
+    pub(crate) fn engine_arc(&self) -> Arc<Engine> {
         self.engine.clone()
     }
 
@@ -296,8 +296,8 @@ impl<T> ClassAllocator<T> {
     #[inline(always)]
     fn alloc_fast(&self) -> Option<NonNull<T>> {
         let c = self.lookup_fast()?;
-        // SAFETY: this thread's own cache; no other reference to it is live.
-        let p = unsafe { &mut *c }.pop()?;
+        // SAFETY: this thread's own cache; nothing borrows its owner part here.
+        let p = unsafe { (*c).pop() }?;
         self.on_alloc(p);
         Some(p.cast())
     }
@@ -307,14 +307,8 @@ impl<T> ClassAllocator<T> {
     #[inline(never)]
     fn alloc_raw_slow(&self) -> Result<NonNull<T>, AllocError> {
         let p = match self.lookup() {
-            Lookup::Cache(c) => {
-                // SAFETY: this thread's own cache; no other reference to it is live.
-                let c = unsafe { &mut *c };
-                match c.pop() {
-                    Some(p) => Some(p),
-                    None => self.engine().alloc_slow(c),
-                }
-            }
+            // SAFETY: this thread's own cache; nothing borrows its owner part here.
+            Lookup::Cache(c) => unsafe { self.engine().alloc_from(&*c) },
             _ => self.alloc_cold(),
         };
         let p = p.ok_or(AllocError)?;
@@ -346,18 +340,20 @@ impl<T> ClassAllocator<T> {
         }
     }
 
+    /// No cache yet: registers one (which may run user code: see `cache::install`),
+    /// then looks again; without thread-local storage, the backing allocator.
     #[cold]
     #[inline(never)]
     fn alloc_cold(&self) -> Option<NonNull<u8>> {
         let e = self.engine_arc();
         if let Lookup::Unregistered = cache::lookup(e.slot(), e.instance()) {
-            if let Some(c) = Engine::register(&e) {
-                // SAFETY: just registered for this thread; no other reference is live.
-                let c = unsafe { &mut *c };
-                return c.pop().or_else(|| e.alloc_slow(c));
-            }
+            Engine::register(&e);
         }
-        e.alloc_detached()
+        match cache::lookup(e.slot(), e.instance()) {
+            // SAFETY: this thread's own cache; nothing borrows its owner part here.
+            Lookup::Cache(c) => unsafe { e.alloc_from(&*c) },
+            _ => e.alloc_backing(),
+        }
     }
 
     /// Returns one object's memory (its value already dropped or moved out) through this
@@ -370,8 +366,8 @@ impl<T> ClassAllocator<T> {
         let p = p.cast::<u8>();
         self.on_free(p);
         if let Some(c) = self.lookup_fast() {
-            // SAFETY: this thread's own cache; no other reference to it is live.
-            if unsafe { &mut *c }.push(p) {
+            // SAFETY: this thread's own cache; nothing borrows its owner part here.
+            if unsafe { (*c).push(p) } {
                 return;
             }
         }
@@ -387,14 +383,9 @@ impl<T> ClassAllocator<T> {
     #[inline(never)]
     unsafe fn free_raw_slow(&self, p: NonNull<u8>) {
         match self.lookup() {
-            Lookup::Cache(c) => {
-                // SAFETY: this thread's own cache; no other reference to it is live.
-                let c = unsafe { &mut *c };
-                if !c.push(p) {
-                    // SAFETY: forwarded from the caller.
-                    unsafe { self.engine().free_slow(c, p) };
-                }
-            }
+            // SAFETY: this thread's own cache, nothing borrows its owner part here; `p`
+            // as the caller promised.
+            Lookup::Cache(c) => unsafe { self.engine().free_into(&*c, p) },
             // SAFETY: forwarded from the caller.
             _ => unsafe { self.free_cold(p) },
         }
@@ -405,18 +396,15 @@ impl<T> ClassAllocator<T> {
     unsafe fn free_cold(&self, p: NonNull<u8>) {
         let e = self.engine_arc();
         if let Lookup::Unregistered = cache::lookup(e.slot(), e.instance()) {
-            if let Some(c) = Engine::register(&e) {
-                // SAFETY: just registered for this thread; no other reference is live.
-                let c = unsafe { &mut *c };
-                if !c.push(p) {
-                    // SAFETY: forwarded from the caller.
-                    unsafe { e.free_slow(c, p) };
-                }
-                return;
-            }
+            Engine::register(&e);
         }
-        // SAFETY: forwarded from the caller.
-        unsafe { e.free_detached(p) };
+        match cache::lookup(e.slot(), e.instance()) {
+            // SAFETY: this thread's own cache, nothing borrows its owner part here; `p`
+            // as the caller promised.
+            Lookup::Cache(c) => unsafe { e.free_into(&*c, p) },
+            // SAFETY: forwarded from the caller.
+            _ => unsafe { e.free_backing(p) },
+        }
     }
 
     /// Allocates an object holding `value`.
@@ -530,10 +518,11 @@ impl<T> ClassAllocator<T> {
     }
 
     /// Gives everything this thread caches and everything the depot caches back to the
-    /// system allocator. Objects cached by other threads stay with them (each thread's
-    /// cache holds at most two magazines; they return when the thread exits, calls
-    /// [`release_thread_cache`](Self::release_thread_cache) or this allocator is dropped).
-    /// Returns the number of bytes released.
+    /// system allocator, and returns the number of bytes released. Objects cached by
+    /// other threads stay with them (each thread's cache holds at most two magazines;
+    /// they come back when the thread exits or calls
+    /// [`release_thread_cache`](Self::release_thread_cache), and at the thread's next
+    /// slow path after a [`trim_all`](crate::trim_all) or this allocator's drop).
     pub fn trim(&self) -> usize {
         self.engine().trim() * std::mem::size_of::<T>()
     }
@@ -551,7 +540,9 @@ impl<T> ClassAllocator<T> {
     }
 
     /// Runs `f` with this thread's cache in hand, so allocations and frees in `f` skip
-    /// the thread-local lookup: for event-loop workers that own their thread.
+    /// the thread-local lookup: for event-loop workers that own their thread. On the way
+    /// out it honours flush requests that `trim_all` posted meanwhile (an event loop
+    /// that only ever hits its cache takes no slow path that would).
     ///
     /// ```
     /// use proxalloc::ClassAllocator;
@@ -566,50 +557,36 @@ impl<T> ClassAllocator<T> {
     /// });
     /// assert!(total > 0);
     /// ```
-    pub fn with_local<'a, R>(&'a self, f: impl FnOnce(&mut LocalCache<'a, T>) -> R) -> R {
+    ///
+    /// The handle is shared (`&LocalCache`), so two of them, from nested calls, cannot
+    /// be swapped or moved out of the call that made them:
+    ///
+    /// ```compile_fail
+    /// use proxalloc::ClassAllocator;
+    /// static A: ClassAllocator<u8> = ClassAllocator::new("a");
+    /// A.with_local(|outer| A.with_local(|inner| std::mem::swap(outer, inner)));
+    /// ```
+    pub fn with_local<'a, R>(&'a self, f: impl FnOnce(&LocalCache<'a, T>) -> R) -> R {
         let e = self.engine_arc();
-        let registered = match cache::lookup(e.slot(), e.instance()) {
-            Lookup::Cache(c) => Some(c),
-            Lookup::Unregistered => Engine::register(&e),
-            Lookup::TornDown => None,
-        };
-        match registered {
-            Some(cache) => {
-                // Keeps `release_thread_cache` (called from `f`) from freeing the cache.
-                let _pin = cache::Pin::new(cache);
-                f(&mut LocalCache {
-                    alloc: self,
-                    cache,
-                    _not_send: PhantomData,
-                })
-            }
-            None => {
-                // Thread-local storage is gone: a stand-in that goes straight to the
-                // backing allocator, whose counters are kept even if `f` unwinds.
-                let mut stand_in = StandIn {
-                    engine: &e,
-                    cache: ThreadCache::new(e.instance(), true),
-                };
-                f(&mut LocalCache {
-                    alloc: self,
-                    cache: &mut stand_in.cache,
-                    _not_send: PhantomData,
-                })
-            }
+        if let Lookup::Unregistered = cache::lookup(e.slot(), e.instance()) {
+            Engine::register(&e);
         }
-    }
-}
-
-/// A detached cache used where thread-local storage is gone; folds its counters into the
-/// engine when dropped.
-struct StandIn<'e> {
-    engine: &'e Engine,
-    cache: ThreadCache,
-}
-
-impl Drop for StandIn<'_> {
-    fn drop(&mut self) {
-        self.engine.fold(&self.cache);
+        let cache = match cache::lookup(e.slot(), e.instance()) {
+            Lookup::Cache(c) => Some(c),
+            // Thread-local storage is gone: straight to the backing allocator.
+            _ => None,
+        };
+        // Keeps `release_thread_cache` (called from `f`) from retiring the cache.
+        // SAFETY: this thread's cache; nothing borrows its owner part here.
+        let pin = cache.map(|c| unsafe { cache::Pin::new(c) });
+        let result = f(&LocalCache {
+            alloc: self,
+            cache,
+            _not_send: PhantomData,
+        });
+        drop(pin);
+        cache::honour_flush_requests();
+        result
     }
 }
 
@@ -839,7 +816,9 @@ impl<T: Hash> Hash for Pooled<'_, T> {
 /// Allocations and frees through it skip the thread-local lookup.
 pub struct LocalCache<'a, T> {
     alloc: &'a ClassAllocator<T>,
-    cache: *mut ThreadCache,
+    /// This thread's cache, pinned for the whole `with_local` call; `None` once
+    /// thread-local storage is gone (then everything goes to the backing allocator).
+    cache: Option<*const ThreadCache>,
     _not_send: PhantomData<*mut ()>,
 }
 
@@ -851,19 +830,18 @@ impl<'a, T> LocalCache<'a, T> {
 
     /// Allocates an object holding `value` (see [`ClassAllocator::alloc`]).
     #[inline]
-    pub fn alloc(&mut self, value: T) -> Pooled<'a, T> {
+    pub fn alloc(&self, value: T) -> Pooled<'a, T> {
         self.alloc_with(|| value)
     }
 
     /// Allocates an object constructed by `init` (see [`ClassAllocator::alloc_with`]).
     #[inline]
-    pub fn alloc_with(&mut self, init: impl FnOnce() -> T) -> Pooled<'a, T> {
-        // SAFETY: `cache` is this thread's cache (or a stand-in on `with_local`'s stack),
-        // alive for the whole `with_local` call, and not otherwise borrowed right now.
-        let c = unsafe { &mut *self.cache };
-        let slot = match c.pop() {
-            Some(p) => Some(p),
-            None => self.engine().alloc_slow(c),
+    pub fn alloc_with(&self, init: impl FnOnce() -> T) -> Pooled<'a, T> {
+        let slot = match self.cache {
+            // SAFETY: this thread's pinned cache, alive for the whole `with_local` call;
+            // nothing borrows its owner part between calls into the allocator.
+            Some(c) => unsafe { self.engine().alloc_from(&*c) },
+            None => self.engine().alloc_backing(),
         };
         let slot = slot.unwrap_or_else(|| std::alloc::handle_alloc_error(Layout::new::<T>()));
         self.alloc.on_alloc(slot);
@@ -884,7 +862,7 @@ impl<'a, T> LocalCache<'a, T> {
     /// # Panics
     /// If `object` came from a different allocator.
     #[inline]
-    pub fn free(&mut self, object: Pooled<'_, T>) {
+    pub fn free(&self, object: Pooled<'_, T>) {
         assert!(
             std::ptr::eq(object.alloc, self.alloc),
             "proxalloc: object freed into a different allocator ({:?}) than its own ({:?})",
@@ -901,11 +879,11 @@ impl<'a, T> LocalCache<'a, T> {
         std::mem::forget(guard);
         let p = ptr.cast::<u8>();
         self.alloc.on_free(p);
-        // SAFETY: see `alloc_with`.
-        let c = unsafe { &mut *self.cache };
-        if !c.push(p) {
-            // SAFETY: the slot is ours and no longer used.
-            unsafe { self.engine().free_slow(c, p) };
+        match self.cache {
+            // SAFETY: see `alloc_with`; the slot is ours and no longer used.
+            Some(c) => unsafe { self.engine().free_into(&*c, p) },
+            // SAFETY: as above.
+            None => unsafe { self.engine().free_backing(p) },
         }
     }
 }

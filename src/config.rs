@@ -32,6 +32,13 @@ pub const BYPASS_ENV: &str = "PROXALLOC_BYPASS";
 /// let h = HEADERS.alloc([0; 256]);
 /// assert_eq!(h.len(), 256);
 /// ```
+///
+/// No knob can turn off the depot's ABA protection: the generation width is fixed
+/// outside the crate's own loom models.
+///
+/// ```compile_fail
+/// let narrow = proxalloc::Config::new().generation_bits(0); // no such method
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Config {
     pub(crate) magazine_size: usize,
@@ -60,7 +67,7 @@ impl Config {
             depot_bytes: Self::DEFAULT_DEPOT_BYTES,
             thread_cache_bytes: Self::DEFAULT_THREAD_CACHE_BYTES,
             mode: CacheMode::ThreadCaches,
-            generation_bits: 32,
+            generation_bits: crate::depot::MAX_GENERATION_BITS,
         }
     }
 
@@ -100,11 +107,15 @@ impl Config {
         self
     }
 
-    /// Width of the depot's ABA generation field (default 32). Narrower fields exist to
-    /// let model checks exercise wrap-around; production code has no reason to set it.
+    /// Width of the depot's ABA generation field (default and maximum 40). Only the
+    /// crate's own loom models (`--cfg proxalloc_loom`) can narrow it, to check that a
+    /// wrap-around really loses a magazine: with 0 or 1 bits the depot has no ABA
+    /// protection, so no build that users run offers this knob.
+    #[cfg(proxalloc_loom)]
     #[doc(hidden)]
     pub const fn generation_bits(mut self, bits: u32) -> Self {
-        self.generation_bits = if bits > 32 { 32 } else { bits };
+        let max = crate::depot::MAX_GENERATION_BITS;
+        self.generation_bits = if bits > max { max } else { bits };
         self
     }
 

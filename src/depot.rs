@@ -3,13 +3,14 @@
 //!
 //! # The stacks and ABA
 //! Each stack is a Treiber stack of magazine *indices*. The head is one `AtomicU64`
-//! packing `(generation << 32) | index`; every successful pop advances the generation
-//! (masked to [`Config::generation_bits`](crate::Config)). A pop that read head `(g, A)`
-//! and `A.next = B` can only succeed if the head is still `(g, A)`; for the head to get
-//! back to `A` after `A` left, `A` must have been popped, which advanced the generation,
-//! so the stale pop fails (until the generation wraps: 2^32 pops by default, while one
-//! thread sits between two instructions). Pushes need no generation step: a push's CAS
-//! only asserts the head it links to, and that is right whenever the CAS succeeds.
+//! packing `(generation << 24) | index` (indices fit in [`INDEX_BITS`] = 24 bits, which
+//! leaves 40 for the generation); every successful pop advances the generation. A pop
+//! that read head `(g, A)` and `A.next = B` can only succeed if the head is still
+//! `(g, A)`; for the head to get back to `A` after `A` left, `A` must have been popped,
+//! which advanced the generation, so the stale pop fails, until the generation wraps:
+//! 2^40 pops while one thread sits between two instructions, which at a hundred million
+//! pops a second is three hours. (Only loom models narrow the field, to check that a
+//! wrap really loses a magazine; no public knob does.)
 //!
 //! Descriptors are immortal (see [`magazine`](crate::magazine)), so a stale `next`
 //! read hits valid memory, and `next` is atomic, so the read is not a data race.
@@ -26,38 +27,41 @@
 //!   after it pops, so the budget's count is never below what the stacks hold and never
 //!   above its limit.
 
+use std::ptr::NonNull;
+
 use crossbeam_utils::CachePadded;
 
 use crate::backing::Backing;
 use crate::budget::ByteBudget;
-use crate::magazine::{Magazine, MagazineTable, NIL};
+use crate::magazine::{Magazine, MagazineTable, INDEX_BITS, NIL};
 use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 
 /// A lock-free stack of magazines, with a generation-tagged head.
 #[derive(Debug)]
 pub struct MagazineStack {
     head: CachePadded<AtomicU64>,
-    generation_mask: u32,
+    generation_mask: u64,
+}
+
+/// Widest generation field: everything above the index.
+pub const MAX_GENERATION_BITS: u32 = 64 - INDEX_BITS;
+
+#[inline]
+fn pack(generation: u64, index: u32) -> u64 {
+    (generation << INDEX_BITS) | u64::from(index)
 }
 
 #[inline]
-fn pack(generation: u32, index: u32) -> u64 {
-    (u64::from(generation) << 32) | u64::from(index)
-}
-
-#[inline]
-fn unpack(head: u64) -> (u32, u32) {
-    ((head >> 32) as u32, head as u32)
+fn unpack(head: u64) -> (u64, u32) {
+    (head >> INDEX_BITS, (head & u64::from(NIL)) as u32)
 }
 
 impl MagazineStack {
-    /// An empty stack whose generation field is `generation_bits` wide (0..=32).
+    /// An empty stack whose generation field is `generation_bits` wide (clamped to
+    /// `0..=MAX_GENERATION_BITS`).
     pub fn new(generation_bits: u32) -> Self {
-        let generation_mask = match generation_bits {
-            0 => 0,
-            b if b >= 32 => u32::MAX,
-            b => (1u32 << b) - 1,
-        };
+        let bits = generation_bits.min(MAX_GENERATION_BITS);
+        let generation_mask = (1u64 << bits) - 1;
         MagazineStack {
             head: CachePadded::new(AtomicU64::new(pack(0, NIL))),
             generation_mask,
@@ -149,18 +153,34 @@ pub fn for_each_in_chain<'t>(
 }
 
 /// Where [`Depot::put_full`] put a magazine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
+#[must_use = "an eviction holds objects that must be released with `Depot::evict`"]
 pub enum Put {
     /// It was empty: onto the empty stack.
     Empty,
     /// Its objects fit the budget: onto the full stack (a spill).
     Cached,
-    /// Some of its objects fit: those stay on the full stack, the rest went back to the
-    /// backing allocator.
-    Partial,
-    /// Its objects did not fit: they went back to the backing allocator, the magazine
-    /// onto the empty stack.
-    Overflowed,
+    /// Not all of its objects fit the budget: the magazine comes back to the caller, to
+    /// be finished with [`Depot::evict`] once the caller's cache is consistent and it
+    /// holds no lock (releasing objects may run a recycling allocator's destructors,
+    /// which may re-enter any allocator).
+    Evicted(Eviction),
+}
+
+/// A magazine handed back by [`Depot::put_full`]: its first `keep` objects are charged
+/// to the budget and go to the full stack; the rest go back to the backing allocator.
+#[derive(Debug)]
+#[must_use = "an eviction holds objects that must be released with `Depot::evict`"]
+pub struct Eviction {
+    mag: NonNull<Magazine>,
+    keep: usize,
+}
+
+impl Eviction {
+    /// Whether some of the objects stay cached (a partial spill).
+    pub fn keeps_some(&self) -> bool {
+        self.keep > 0
+    }
 }
 
 /// The shared level of one allocator.
@@ -231,13 +251,14 @@ impl Depot {
         self.budget.release(self.bytes(n));
     }
 
-    /// Hands over a magazine: an empty one goes to the empty stack; one holding objects
-    /// to the full stack with as many of them as the budget can take, the rest going back
-    /// to the backing allocator (with none kept, the empty magazine goes to the empty
-    /// stack).
+    /// Hands over a magazine: an empty one goes to the empty stack, one holding objects
+    /// to the full stack if the budget takes all of them. Otherwise the budget is
+    /// charged for as many as fit and the magazine comes back as an [`Eviction`], which
+    /// the caller finishes with [`evict`](Self::evict). No object is destroyed here.
     ///
     /// # Safety
-    /// The caller owns `mag`; it must not use it afterwards.
+    /// The caller owns `mag`; it must not use it afterwards (except through the
+    /// eviction).
     pub unsafe fn put_full(&self, mag: &Magazine) -> Put {
         // SAFETY: owned by the caller.
         let n = unsafe { mag.len() };
@@ -246,31 +267,48 @@ impl Depot {
             return Put::Empty;
         }
         let keep = self.budget.reserve_up_to(n, self.backing.object_size());
+        if keep < n {
+            return Put::Evicted(Eviction {
+                mag: NonNull::from(mag),
+                keep,
+            });
+        }
+        // Counted before the push, so a concurrent pop cannot subtract first.
+        self.cached.fetch_add(n, Ordering::Relaxed);
+        self.full.push(mag);
+        Put::Cached
+    }
+
+    /// Finishes an eviction: the objects the budget did not take go back to the backing
+    /// allocator (running destructors, for a recycling allocator), and the magazine goes
+    /// to the full stack with the rest, or to the empty stack. Returns the number of
+    /// objects released.
+    ///
+    /// # Safety
+    /// `eviction` came from this depot ([`put_full`](Self::put_full) or
+    /// [`evict_all`](Self::evict_all)).
+    pub unsafe fn evict(&self, eviction: Eviction) -> usize {
+        let Eviction { mag, keep } = eviction;
+        // SAFETY: a descriptor of this depot's table, per the contract.
+        let mag = unsafe { mag.as_ref() };
+        // SAFETY: an eviction owns its magazine; `slots[keep..len]` are objects of
+        // `backing`, not charged to the budget.
+        let released = unsafe {
+            mag.with_rounds(|r| {
+                let n = r.len - keep;
+                self.backing
+                    .dealloc_all(std::slice::from_raw_parts(r.slots.add(keep), n));
+                r.len = keep;
+                n
+            })
+        };
         if keep > 0 {
-            if keep < n {
-                // SAFETY: owned by the caller; `slots[keep..n]` are objects of `backing`.
-                unsafe {
-                    mag.with_rounds(|r| {
-                        self.backing
-                            .dealloc_all(std::slice::from_raw_parts(r.slots.add(keep), n - keep));
-                        r.len = keep;
-                    })
-                };
-            }
-            // Counted before the push, so a concurrent pop cannot subtract first.
             self.cached.fetch_add(keep, Ordering::Relaxed);
             self.full.push(mag);
-            if keep == n {
-                Put::Cached
-            } else {
-                Put::Partial
-            }
         } else {
-            // SAFETY: owned by the caller.
-            unsafe { self.release_objects(mag) };
             self.empty.push(mag);
-            Put::Overflowed
         }
+        released
     }
 
     /// An empty magazine with slot storage, owned by the caller: a recycled one, or a new
@@ -287,6 +325,18 @@ impl Depot {
                 }
             }
             None => self.table.create(),
+        }
+    }
+
+    /// An eviction of every object in `mag`, charged to nothing (for an allocator that
+    /// is gone, whose depot keeps nothing).
+    ///
+    /// # Safety
+    /// The caller owns `mag`, and gives it up.
+    pub unsafe fn evict_all(&self, mag: &Magazine) -> Eviction {
+        Eviction {
+            mag: NonNull::from(mag),
+            keep: 0,
         }
     }
 
@@ -336,24 +386,15 @@ impl Depot {
         }
         released
     }
+}
 
-    /// Returns every object in every magazine (on the stacks or still held by thread
-    /// caches) to the backing allocator. The depot is unusable afterwards, except to be
-    /// dropped.
-    ///
-    /// # Safety
-    /// No other thread uses the depot or any of its magazines any more, and no thread
-    /// cache will use its magazines again.
-    pub unsafe fn release_everything(&self) {
-        // SAFETY: exclusive use per the caller's contract.
-        unsafe {
-            self.table.for_each_magazine(|mag| {
-                if mag.with_rounds(|r| !r.slots.is_null()) {
-                    self.release_objects(mag);
-                }
-            });
-        }
-        self.uncharge(self.cached.load(Ordering::Relaxed));
+impl Drop for Depot {
+    /// Releases the objects still on the full stack. Magazines that thread caches held
+    /// are not here: every cache holds its allocator's engine alive, so by the time the
+    /// depot drops, each cache has given its magazines back or released their objects
+    /// (see `engine`); a trimmer holds the engine alive too.
+    fn drop(&mut self) {
+        self.trim();
     }
 }
 
@@ -367,8 +408,28 @@ mod tests {
             Backing::new(Layout::new::<u64>(), None),
             capacity,
             Arc::new(ByteBudget::new(budget_objects * 8)),
-            32,
+            MAX_GENERATION_BITS,
         )
+    }
+
+    /// Hands `m` (owned) to the depot, finishing any eviction at once; says where its
+    /// objects went.
+    fn put<'d>(d: &'d Depot, m: &'d Magazine) -> &'static str {
+        // SAFETY: owned by the caller, who gives it up.
+        match unsafe { d.put_full(m) } {
+            Put::Empty => "empty",
+            Put::Cached => "cached",
+            Put::Evicted(e) => {
+                let partial = e.keeps_some();
+                // SAFETY: from this depot.
+                unsafe { d.evict(e) };
+                if partial {
+                    "partial"
+                } else {
+                    "overflowed"
+                }
+            }
+        }
     }
 
     /// Fills a magazine from `depot` with fresh objects.
@@ -389,7 +450,7 @@ mod tests {
     #[test]
     fn stack_is_lifo_and_conserves() {
         let table = MagazineTable::new(1);
-        let stack = MagazineStack::new(32);
+        let stack = MagazineStack::new(MAX_GENERATION_BITS);
         let mags: Vec<_> = (0..5).map(|_| table.create().unwrap()).collect();
         for m in &mags {
             stack.push(m);
@@ -408,30 +469,22 @@ mod tests {
             stack.push(m);
             assert!(stack.pop(&table).is_some());
             let (generation, top) = unpack(stack.head.load(Ordering::Relaxed));
-            assert_eq!((generation, top), (round & 3, NIL));
+            assert_eq!((generation, top), (u64::from(round & 3), NIL));
         }
     }
 
     #[test]
     fn budget_bounds_cached_objects_and_overflow_returns_to_backing() {
         let d = depot(4, 8);
-        let puts: Vec<Put> = (0..3)
-            .map(|_| {
-                let m = filled(&d, 4);
-                // SAFETY: owned.
-                unsafe { d.put_full(m) }
-            })
-            .collect();
-        assert_eq!(puts, [Put::Cached, Put::Cached, Put::Overflowed]);
+        let puts: Vec<&str> = (0..3).map(|_| put(&d, filled(&d, 4))).collect();
+        assert_eq!(puts, ["cached", "cached", "overflowed"]);
         assert_eq!(d.cached_objects(), 8);
         assert_eq!(d.backing().frees(), 4);
         let m = d.take_full().unwrap();
         assert_eq!(d.cached_objects(), 4);
         // SAFETY: owned.
-        unsafe {
-            d.release_objects(m);
-            d.put_full(m);
-        }
+        unsafe { d.release_objects(m) };
+        assert_eq!(put(&d, m), "empty");
         assert_eq!(d.trim(), 4);
         assert_eq!(d.cached_objects(), 0);
         assert_eq!(d.backing().allocs(), d.backing().frees());
@@ -442,15 +495,33 @@ mod tests {
         let d = depot(2, 100);
         let a = filled(&d, 2);
         let ai = a.index;
-        // SAFETY: owned.
-        unsafe { d.put_full(a) };
+        assert_eq!(put(&d, a), "cached");
         d.trim();
         let b = d.take_empty().unwrap();
         assert_eq!(b.index, ai, "the trimmed magazine is recycled");
         // SAFETY: owned.
         assert!(unsafe { b.with_rounds(|r| !r.slots.is_null()) });
-        // SAFETY: owned.
-        unsafe { d.put_full(b) };
+        assert_eq!(put(&d, b), "empty");
+    }
+
+    #[test]
+    fn partial_spill_keeps_what_fits() {
+        let d = depot(4, 6);
+        assert_eq!(put(&d, filled(&d, 4)), "cached");
+        assert_eq!(put(&d, filled(&d, 4)), "partial");
+        assert_eq!(d.cached_objects(), 6);
+        assert_eq!(d.backing().frees(), 2);
+        assert_eq!(d.trim(), 6);
+        assert_eq!(d.backing().allocs(), d.backing().frees());
+    }
+
+    #[test]
+    fn dropping_the_depot_releases_what_it_caches() {
+        let d = depot(4, 100);
+        assert_eq!(put(&d, filled(&d, 4)), "cached");
+        let backing_frees_before = d.backing().frees();
+        assert_eq!(backing_frees_before, 0);
+        drop(d); // leak-checked under Miri
     }
 
     #[test]
@@ -462,9 +533,7 @@ mod tests {
                 .map(|_| {
                     s.spawn(|| {
                         for _ in 0..rounds {
-                            let m = filled(&d, 4);
-                            // SAFETY: owned.
-                            unsafe { d.put_full(m) };
+                            assert_eq!(put(&d, filled(&d, 4)), "cached");
                         }
                     })
                 })
@@ -481,8 +550,8 @@ mod tests {
                                         got.extend((0..r.len).map(|i| *r.slots.add(i) as usize));
                                     });
                                     d.release_objects(m);
-                                    d.put_full(m);
                                 }
+                                assert_eq!(put(&d, m), "empty");
                             }
                         }
                         got

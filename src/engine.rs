@@ -2,40 +2,65 @@
 //! the registry of its thread caches, the magazine exchange rules (the slow paths), the
 //! thread-exit flush and the shutdown that releases everything.
 //!
-//! # Who may touch a thread cache
-//! A cache is used by its own thread through the thread-local table, and otherwise only
-//! under the registry lock: by the thread-exit flush (its own thread, from the
-//! thread-local destructor), by stats readers (counters only, which are atomics), and by
-//! [`Engine::shutdown`]. Shutdown runs when the owning `ClassAllocator` is dropped, when
-//! no thread can be inside an allocation or free (they all borrow the allocator). A
-//! thread may still be running its thread-local destructors then (scoped threads are
-//! joined before those finish), so both shutdown and the exit flush take the lock, and
-//! the flush does nothing once `alive` is false.
+//! # Owner and administrator
+//! A thread cache's magazines (its [`Owned`](crate::cache::Owned) part) are touched by
+//! its own thread only: the fast and slow paths, its idle collector and sweeps, its
+//! thread-exit teardown. Every other thread is an administrator: `stats` reads the
+//! caches' counters (atomics) under the registry lock, which also keeps registered
+//! caches allocated; `trim_all` and the allocator's shutdown *ask* the owners, by
+//! setting each cache's flush request and bumping a process-wide epoch that every
+//! thread checks on its slow paths. Shutdown releases the depot; each owner releases
+//! what its cache holds for a dead allocator when it next sweeps or exits. The engine
+//! itself lives until the last cache is retired (each thread's table holds it), so a
+//! late owner still finds valid magazines, and whatever reaches the depot after
+//! shutdown is released when the engine drops.
+//!
+//! # No user code in the middle
+//! Releasing objects runs a recycling allocator's destructors, and creating one runs
+//! its constructor: user code, which may re-enter any allocator, this one included. It
+//! never runs under the registry lock or while a cache's owner part is borrowed: the
+//! depot hands back what does not fit its budget as an [`Eviction`], collected into
+//! [`Evictions`] and released by [`Engine::release`] once the cache is consistent.
+//! Backing allocations and frees are counted on the engine's own counters, so a slow
+//! path never touches its cache after user code ran (which may have retired it).
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
 use crate::backing::{Backing, ObjectHooks};
 use crate::budget::ByteBudget;
-use crate::cache::{self, slots, Counters, Counts, ThreadCache};
+use crate::cache::{self, slots, Counters, Counts, Owned, ThreadCache};
 use crate::config::{bypass_from_env, CacheMode, Config};
-use crate::depot::{Depot, Put};
+use crate::depot::{Depot, Eviction, Put};
 use crate::magazine::{self, Magazine};
 use crate::registry::Source;
 use crate::stats::Stats;
-use crate::sync::{self, Arc, Mutex};
+use crate::sync::{self, Arc, AtomicBool, Mutex, Ordering};
 
 /// Thread caches of one engine.
 #[derive(Debug)]
 struct Registry {
-    /// False once the allocator is dropped: caches are then already freed.
-    alive: bool,
-    caches: Vec<*mut ThreadCache>,
+    caches: Vec<*const ThreadCache>,
 }
 
-// SAFETY: the raw pointers are owned boxes handed between threads only under the
-// registry mutex, as described in the module docs.
+// SAFETY: the pointers are caches owned by their threads' tables, read (counters only)
+// under the registry mutex; a cache leaves the list under the mutex before its memory is
+// reused or freed.
 unsafe impl Send for Registry {}
+
+/// Up to two evicted magazines (a flush hands over two), released together.
+#[derive(Debug, Default)]
+#[must_use = "evicted objects must be released with `Engine::release`"]
+pub(crate) struct Evictions([Option<Eviction>; 2]);
+
+impl Evictions {
+    fn push(&mut self, eviction: Option<Eviction>) {
+        if let Some(e) = eviction {
+            let free = self.0.iter_mut().find(|s| s.is_none());
+            *free.expect("at most two evictions at once") = Some(e);
+        }
+    }
+}
 
 /// The untyped engine of one allocator.
 #[derive(Debug)]
@@ -45,8 +70,13 @@ pub(crate) struct Engine {
     name: &'static str,
     mode: CacheMode,
     depot: Depot,
+    /// False once the allocator is dropped. Written under the registry lock; read there
+    /// or, as a hint, anywhere (a stale `true` only sends a magazine to the depot, which
+    /// releases it when the engine drops).
+    alive: AtomicBool,
     registry: Mutex<Registry>,
-    /// Counters of retired caches and of operations after thread-local teardown.
+    /// Counters of retired caches, and of operations that went straight to the backing
+    /// allocator (counted here so a slow path never touches its cache after user code).
     retired: Counters,
 }
 
@@ -78,10 +108,8 @@ impl Engine {
                 budget,
                 config.generation_bits,
             ),
-            registry: Mutex::new(Registry {
-                alive: true,
-                caches: Vec::new(),
-            }),
+            alive: AtomicBool::new(true),
+            registry: Mutex::new(Registry { caches: Vec::new() }),
             retired: Counters::new(),
         }
     }
@@ -96,6 +124,11 @@ impl Engine {
 
     pub(crate) fn mode(&self) -> CacheMode {
         self.mode
+    }
+
+    /// Whether the allocator still exists (a hint off the registry lock).
+    pub(crate) fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
     }
 
     fn backing(&self) -> &Backing {
@@ -116,108 +149,162 @@ impl Engine {
     }
 
     /// Slow path of an allocation: the loaded magazine is empty (or caching is off).
+    ///
+    /// # Safety
+    /// `c` is this thread's registered cache for this engine, with no reference from
+    /// its owner part live.
     #[cold]
     #[inline(never)]
-    pub(crate) fn alloc_slow(&self, c: &mut ThreadCache) -> Option<NonNull<u8>> {
-        if !c.detached {
-            cache::tick(c);
-            match self.mode {
-                CacheMode::ThreadCaches => {
-                    if self.refill(c) {
-                        return c.pop();
-                    }
+    pub(crate) unsafe fn alloc_slow(&self, c: &ThreadCache) -> Option<NonNull<u8>> {
+        let got = match self.mode {
+            // SAFETY: forwarded; `refill` runs no user code.
+            CacheMode::ThreadCaches => unsafe {
+                if self.refill(c) {
+                    c.pop()
+                } else {
+                    None
                 }
-                CacheMode::DepotOnly => {
-                    if let Some(p) = self.take_one(c) {
-                        c.counters.allocs.bump(1);
-                        return Some(p);
-                    }
-                }
-                CacheMode::Bypass => {}
-            }
-        }
-        let p = self.backing().alloc()?;
-        c.counters.allocs.bump(1);
-        Some(p)
+            },
+            CacheMode::DepotOnly => self.take_one(c).inspect(|_| c.counters.allocs.bump(1)),
+            CacheMode::Bypass => None,
+        };
+        cache::after_slow_path();
+        got.or_else(|| self.alloc_backing())
     }
 
     /// Slow path of a free: the loaded magazine is full (or caching is off).
     ///
     /// # Safety
-    /// `p` is an object of this engine that nobody uses any more.
+    /// `p` is an object of this engine that nobody uses any more; `c` is as for
+    /// [`alloc_slow`](Self::alloc_slow).
     #[cold]
     #[inline(never)]
-    pub(crate) unsafe fn free_slow(&self, c: &mut ThreadCache, p: NonNull<u8>) {
-        if !c.detached {
-            cache::tick(c);
-            match self.mode {
-                CacheMode::ThreadCaches => {
-                    if self.make_room(c) {
-                        let pushed = c.push(p);
-                        debug_assert!(pushed);
-                        return;
-                    }
-                }
-                CacheMode::DepotOnly => {
-                    if self.give_one(c, p) {
-                        c.counters.frees.bump(1);
-                        return;
-                    }
-                }
-                CacheMode::Bypass => {}
+    pub(crate) unsafe fn free_slow(&self, c: &ThreadCache, p: NonNull<u8>) {
+        let done = match self.mode {
+            // SAFETY: forwarded; `make_room` runs no user code.
+            CacheMode::ThreadCaches => unsafe {
+                self.make_room(c).inspect(|_| {
+                    let pushed = c.push(p);
+                    debug_assert!(pushed);
+                })
+            },
+            CacheMode::DepotOnly => self.give_one(c, p).inspect(|_| c.counters.frees.bump(1)),
+            CacheMode::Bypass => None,
+        };
+        match done {
+            Some(evictions) => {
+                self.release(evictions);
+                cache::after_slow_path();
+            }
+            // SAFETY: forwarded from the caller.
+            None => unsafe { self.free_backing(p) },
+        }
+    }
+
+    /// An object from `c`: its loaded magazine, else the slow path.
+    ///
+    /// # Safety
+    /// As for [`alloc_slow`](Self::alloc_slow).
+    #[inline]
+    pub(crate) unsafe fn alloc_from(&self, c: &ThreadCache) -> Option<NonNull<u8>> {
+        // SAFETY: forwarded.
+        unsafe { c.pop().or_else(|| self.alloc_slow(c)) }
+    }
+
+    /// Frees `p` into `c`: its loaded magazine, else the slow path.
+    ///
+    /// # Safety
+    /// As for [`free_slow`](Self::free_slow).
+    #[inline]
+    pub(crate) unsafe fn free_into(&self, c: &ThreadCache, p: NonNull<u8>) {
+        // SAFETY: forwarded.
+        unsafe {
+            if !c.push(p) {
+                self.free_slow(c, p);
             }
         }
+    }
+
+    /// One object straight from the backing allocator (constructed, for a recycling
+    /// allocator: user code), counted on the engine.
+    pub(crate) fn alloc_backing(&self) -> Option<NonNull<u8>> {
+        let p = self.backing().alloc()?;
+        self.retired.allocs.add_shared(1);
+        Some(p)
+    }
+
+    /// One object straight back to the backing allocator (destroyed, for a recycling
+    /// allocator: user code), counted on the engine.
+    ///
+    /// # Safety
+    /// As for [`free_slow`](Self::free_slow).
+    pub(crate) unsafe fn free_backing(&self, p: NonNull<u8>) {
+        self.retired.frees.add_shared(1);
         // SAFETY: forwarded from the caller.
         unsafe { self.backing().dealloc(p) };
-        c.counters.frees.bump(1);
     }
 
     /// Makes the loaded magazine non-empty: swap with a non-empty previous, or exchange
     /// with the depot. False when neither has objects.
-    fn refill(&self, c: &mut ThreadCache) -> bool {
-        debug_assert_eq!(c.loaded_len(), 0);
+    ///
+    /// # Safety
+    /// As for [`alloc_slow`](Self::alloc_slow).
+    unsafe fn refill(&self, c: &ThreadCache) -> bool {
+        // SAFETY: forwarded; released before this returns, and nothing below runs user
+        // code.
+        let o = unsafe { c.owned() };
+        debug_assert_eq!(o.loaded_len(), 0);
         // SAFETY: the cache owns its previous magazine.
-        if c.previous().is_some_and(|p| unsafe { p.len() } > 0) {
-            c.swap(self.capacity());
+        if o.previous().is_some_and(|p| unsafe { p.len() } > 0) {
+            o.swap(self.capacity());
             return true;
         }
         let Some(full) = self.depot.take_full() else {
             return false;
         };
         c.counters.refills.bump(1);
-        self.exchange(c, full);
+        let evictions = self.exchange(c, o, full);
+        // The previous magazine was empty (else it would have been swapped in): an
+        // empty magazine is never evicted.
+        debug_assert!(evictions.0.iter().all(Option::is_none));
+        drop(evictions);
         true
     }
 
     /// Makes room in the loaded magazine: swap with a non-full previous, or exchange
-    /// with the depot. False when the depot cannot supply an empty magazine.
-    fn make_room(&self, c: &mut ThreadCache) -> bool {
-        debug_assert_eq!(c.loaded_len(), c.loaded_cap());
+    /// with the depot. `None` when the depot cannot supply an empty magazine.
+    ///
+    /// # Safety
+    /// As for [`alloc_slow`](Self::alloc_slow).
+    unsafe fn make_room(&self, c: &ThreadCache) -> Option<Evictions> {
+        // SAFETY: forwarded; released before this returns, and nothing below runs user
+        // code.
+        let o = unsafe { c.owned() };
+        debug_assert_eq!(o.loaded_len(), o.loaded_cap());
         let cap = self.capacity();
         // SAFETY: the cache owns its previous magazine.
-        if c.previous().is_some_and(|p| unsafe { p.len() } < cap) {
-            c.swap(cap);
-            return true;
+        if o.previous().is_some_and(|p| unsafe { p.len() } < cap) {
+            o.swap(cap);
+            return Some(Evictions::default());
         }
-        let Some(empty) = self.depot.take_empty() else {
-            return false;
-        };
-        self.exchange(c, empty);
-        true
+        let empty = self.depot.take_empty()?;
+        Some(self.exchange(c, o, empty))
     }
 
     /// The depot exchange: `previous` goes to the depot (to the full stack if it holds
     /// objects, else to the empty one), the loaded magazine becomes `previous`, and
     /// `fresh` (owned by the caller) is loaded. Both slow paths end here, with one
     /// magazine that can serve the next `capacity` operations and one that cannot.
-    fn exchange(&self, c: &mut ThreadCache, fresh: &Magazine) {
-        if let Some(prev) = c.take_previous() {
+    fn exchange(&self, c: &ThreadCache, o: &mut Owned, fresh: &Magazine) -> Evictions {
+        let mut evictions = Evictions::default();
+        if let Some(prev) = o.take_previous() {
             // SAFETY: a descriptor of this engine's table.
-            self.put(c, unsafe { self.mag(prev) });
+            evictions.push(self.put(c, unsafe { self.mag(prev) }));
         }
-        let loaded = c.unload();
-        c.set_previous(loaded);
-        c.load(fresh, self.capacity());
+        let loaded = o.unload();
+        o.set_previous(loaded);
+        o.load(fresh, self.capacity());
+        evictions
     }
 
     /// Depot-only allocation: one object from a full (one-object) magazine.
@@ -231,15 +318,14 @@ impl Engine {
                 magazine::slot(r.slots, r.len)
             })
         };
-        self.put(c, mag);
+        let empty = self.put(c, mag);
+        debug_assert!(empty.is_none(), "an empty magazine is never evicted");
         Some(p)
     }
 
     /// Depot-only free: one object into an empty magazine pushed as full.
-    fn give_one(&self, c: &ThreadCache, p: NonNull<u8>) -> bool {
-        let Some(mag) = self.depot.take_empty() else {
-            return false;
-        };
+    fn give_one(&self, c: &ThreadCache, p: NonNull<u8>) -> Option<Evictions> {
+        let mag = self.depot.take_empty()?;
         // SAFETY: owned here; an empty magazine with storage has room for one.
         unsafe {
             mag.with_rounds(|r| {
@@ -247,46 +333,76 @@ impl Engine {
                 r.len += 1;
             });
         }
-        self.put(c, mag);
-        true
+        let mut evictions = Evictions::default();
+        evictions.push(self.put(c, mag));
+        Some(evictions)
     }
 
     /// Hands both of `c`'s magazines to the depot (which keeps them within its budget).
-    fn flush(&self, c: &mut ThreadCache) {
-        let loaded = c.unload();
-        let previous = c.take_previous();
+    ///
+    /// # Safety
+    /// As for [`alloc_slow`](Self::alloc_slow) (the cache may be pinned).
+    pub(crate) unsafe fn flush(&self, c: &ThreadCache) -> Evictions {
+        // SAFETY: forwarded; nothing below runs user code.
+        let o = unsafe { c.owned() };
+        let loaded = o.unload();
+        let previous = o.take_previous();
+        let mut evictions = Evictions::default();
         for mag in [loaded, previous].into_iter().flatten() {
             // SAFETY: a descriptor of this engine's table.
-            self.put(c, unsafe { self.mag(mag) });
+            evictions.push(self.put(c, unsafe { self.mag(mag) }));
         }
+        evictions
     }
 
-    /// Adds a retiring (or stand-in) cache's counters to the engine's.
-    pub(crate) fn fold(&self, c: &ThreadCache) {
-        self.retired.add_shared(&c.counters);
-    }
-
-    /// Hands `mag` (owned by `c`) to the depot and counts where it went.
-    fn put(&self, c: &ThreadCache, mag: &Magazine) {
+    /// Hands `mag` (owned by `c`) to the depot and counts where it went; what the budget
+    /// does not take comes back to be released. Once the allocator is gone everything
+    /// comes back.
+    fn put(&self, c: &ThreadCache, mag: &Magazine) -> Option<Eviction> {
+        if !self.is_alive() {
+            // SAFETY: owned by the cache, now handed over.
+            return Some(unsafe { self.depot.evict_all(mag) });
+        }
         // SAFETY: owned by the cache, now handed over.
         match unsafe { self.depot.put_full(mag) } {
-            Put::Empty => {}
-            Put::Cached => c.counters.spills.bump(1),
-            Put::Partial => {
+            Put::Empty => None,
+            Put::Cached => {
                 c.counters.spills.bump(1);
-                c.counters.overflows.bump(1);
+                None
             }
-            Put::Overflowed => c.counters.overflows.bump(1),
+            Put::Evicted(e) => {
+                if e.keeps_some() {
+                    c.counters.spills.bump(1);
+                }
+                c.counters.overflows.bump(1);
+                Some(e)
+            }
         }
     }
 
-    /// Creates and registers a cache for this thread. `None` if thread-local storage is
-    /// being torn down.
+    /// Releases evicted objects to the backing allocator (running destructors, for a
+    /// recycling allocator). Call with no lock held and no cache borrowed. Returns the
+    /// number of objects released.
+    pub(crate) fn release(&self, evictions: Evictions) -> usize {
+        evictions
+            .0
+            .into_iter()
+            .flatten()
+            // SAFETY: evictions of this engine's depot.
+            .map(|e| unsafe { self.depot.evict(e) })
+            .sum()
+    }
+
+    /// Adds a newly created cache of this thread to the registry.
+    pub(crate) fn adopt(&self, cache: *const ThreadCache) {
+        sync::lock(&self.registry).caches.push(cache);
+    }
+
+    /// Creates and registers a cache for this thread (if thread-local storage is still
+    /// there); callers look it up afterwards.
     #[cold]
-    pub(crate) fn register(engine: &Arc<Engine>) -> Option<*mut ThreadCache> {
-        let cache = cache::install(engine)?;
-        sync::lock(&engine.registry).caches.push(cache);
-        Some(cache)
+    pub(crate) fn register(engine: &Arc<Engine>) {
+        cache::install(engine);
     }
 
     /// Takes back an object whose value is already gone (a recycling allocator's object
@@ -301,112 +417,91 @@ impl Engine {
         self.retired.frees.add_shared(1);
     }
 
-    /// Runs one allocation without a registered cache (thread-local teardown).
-    #[cold]
-    pub(crate) fn alloc_detached(&self) -> Option<NonNull<u8>> {
-        let mut c = ThreadCache::new(self.instance, true);
-        let p = self.alloc_slow(&mut c);
-        self.fold(&c);
-        p
-    }
-
-    /// Runs one free without a registered cache (thread-local teardown).
+    /// Thread exit, `release_thread_cache`, or a sweep that found the allocator gone:
+    /// takes this thread's `c` out of the registry (its counters go to the engine's)
+    /// and hands its magazines over. No user code runs.
     ///
     /// # Safety
-    /// As for [`free_slow`](Self::free_slow).
-    #[cold]
-    pub(crate) unsafe fn free_detached(&self, p: NonNull<u8>) {
-        let mut c = ThreadCache::new(self.instance, true);
+    /// `c` was registered with this engine by the calling thread, which will not use it
+    /// again for this engine, with no reference from its owner part live.
+    pub(crate) unsafe fn retire_cache(&self, c: &ThreadCache) -> Evictions {
         // SAFETY: forwarded.
-        unsafe { self.free_slow(&mut c, p) };
-        self.fold(&c);
-    }
-
-    /// Thread exit (or release): unregisters this thread's `cache` and hands its
-    /// magazines to the depot, unless the allocator is gone (shutdown emptied it then).
-    /// The cache's memory belongs to its thread's table.
-    ///
-    /// # Safety
-    /// `cache` was registered with this engine by the calling thread, which will not use
-    /// it again for this engine.
-    pub(crate) unsafe fn retire_cache(&self, cache: *mut ThreadCache) {
+        let evictions = unsafe { self.flush(c) };
         let mut reg = sync::lock(&self.registry);
-        if !reg.alive {
-            return;
+        // A dead engine's registry is already empty, and its stats are never read again.
+        if let Some(pos) = reg.caches.iter().position(|&x| std::ptr::eq(x, c)) {
+            reg.caches.swap_remove(pos);
+            self.retired.add_shared(&c.counters);
         }
-        let Some(pos) = reg.caches.iter().position(|&c| c == cache) else {
-            debug_assert!(false, "retiring a cache that is not registered");
-            return;
-        };
-        reg.caches.swap_remove(pos);
-        // SAFETY: removed from the registry under the lock, and its thread is done with
-        // it.
-        let c = unsafe { &mut *cache };
-        self.flush(c);
-        self.fold(c);
+        evictions
     }
 
     /// The idle collector found `c` (this thread's cache) unused for a whole period: give
-    /// one magazine back to the depot, the previous one first. Under the registry lock,
-    /// because the allocator may be being dropped on another thread.
-    pub(crate) fn release_idle_magazine(&self, c: &mut ThreadCache) {
-        let reg = sync::lock(&self.registry);
-        if !reg.alive {
-            return;
-        }
-        if let Some(mag) = c.take_previous().or_else(|| c.unload()) {
+    /// one magazine back to the depot, the previous one first.
+    ///
+    /// # Safety
+    /// As for [`alloc_slow`](Self::alloc_slow).
+    pub(crate) unsafe fn release_idle_magazine(&self, c: &ThreadCache) -> Evictions {
+        // SAFETY: forwarded; nothing below runs user code.
+        let o = unsafe { c.owned() };
+        let mut evictions = Evictions::default();
+        if let Some(mag) = o.take_previous().or_else(|| o.unload()) {
             // SAFETY: a descriptor of this engine's table.
-            self.put(c, unsafe { self.mag(mag) });
+            evictions.push(self.put(c, unsafe { self.mag(mag) }));
         }
-        drop(reg);
+        evictions
     }
 
     /// Hands this thread's magazines to the depot and forgets this thread's cache
-    /// (only flushes it while a `with_local` call holds it).
-    pub(crate) fn release_thread_cache(&self) {
+    /// (only flushes it while a `with_local` call holds it). Returns the number of
+    /// objects released to the backing allocator (what the depot did not take).
+    pub(crate) fn release_thread_cache(&self) -> usize {
         if let cache::Lookup::Cache(c) = cache::lookup(self.slot, self.instance) {
-            // SAFETY: this thread's own cache; no reference to it is live here.
-            let c = unsafe { &mut *c };
-            if c.pinned() {
-                self.flush(c);
-                return;
+            // SAFETY: this thread's own cache; no reference into it is live here.
+            let c = unsafe { &*c };
+            // SAFETY: as above.
+            if unsafe { c.owned() }.pinned() {
+                // SAFETY: as above.
+                let evictions = unsafe { self.flush(c) };
+                return self.release(evictions);
             }
         }
-        cache::uninstall(self);
+        cache::uninstall(self)
     }
 
     /// Flushes this thread's cache to the depot, then gives everything the depot caches
     /// back to the backing allocator. Returns the number of objects released.
     pub(crate) fn trim(&self) -> usize {
+        let mut released = 0;
         if let cache::Lookup::Cache(c) = cache::lookup(self.slot, self.instance) {
-            // SAFETY: this thread's own cache; no reference to it is live here.
-            self.flush(unsafe { &mut *c });
+            // SAFETY: this thread's own cache; no reference into it is live here.
+            let evictions = unsafe { self.flush(&*c) };
+            released += self.release(evictions);
         }
-        let released = self.depot.trim();
+        released += self.depot.trim();
         crate::backing::release_to_os(released * self.backing().object_size());
         released
     }
 
-    /// The allocator is being dropped: frees every cache and returns every cached object
-    /// to the backing allocator.
+    /// The allocator is being dropped: this thread's cache and the depot are released
+    /// now; every other thread is asked to release its cache at its next slow path or
+    /// exit (the engine stays alive, held by those threads' tables, until they have).
     ///
     /// # Safety
-    /// No thread can use the allocator any more (its owner is being dropped).
+    /// No thread can allocate or free through the allocator any more (its owner is being
+    /// dropped).
     pub(crate) unsafe fn shutdown(&self) {
-        let mut reg = sync::lock(&self.registry);
-        reg.alive = false;
-        for cache in reg.caches.drain(..) {
-            // SAFETY: registered caches stay allocated until their thread retires them
-            // under this lock, and no thread uses this allocator's caches any more. The
-            // emptied cache stays with its thread's table, which frees it.
-            let c = unsafe { &mut *cache };
-            c.unload();
-            c.take_previous();
-            self.fold(c);
+        cache::uninstall(self);
+        {
+            let mut reg = sync::lock(&self.registry);
+            self.alive.store(false, Ordering::Release);
+            for c in reg.caches.drain(..) {
+                // SAFETY: registered caches stay allocated while the lock is held.
+                unsafe { ThreadCache::request_flush(c) };
+            }
         }
-        // SAFETY: no cache holds magazines any more and no thread uses the depot.
-        unsafe { self.depot.release_everything() };
-        drop(reg);
+        cache::announce_flush_requests();
+        self.depot.trim();
         slots::release(self.slot);
     }
 
@@ -421,9 +516,9 @@ impl Engine {
             threads = reg.caches.len();
             for &c in &reg.caches {
                 // SAFETY: registered caches stay allocated while the lock is held; only
-                // their atomic counters are read.
-                let c = unsafe { &*c };
-                c.counters.read_into(&mut n);
+                // their atomic counters are read, through a reference to that field
+                // alone (the owner may be using its magazines meanwhile).
+                unsafe { ThreadCache::counters(c) }.read_into(&mut n);
             }
         }
         let backing_allocs = self.backing().allocs();
@@ -452,16 +547,23 @@ impl Engine {
 
 impl Source for Engine {
     fn stats(&self) -> Option<Stats> {
-        if !sync::lock(&self.registry).alive {
-            return None;
-        }
-        Some(Engine::stats(self))
+        self.is_alive().then(|| Engine::stats(self))
     }
 
+    /// `trim_all`: asks every thread to flush its cache at its next slow path, and
+    /// releases this thread's cache and the depot now.
     fn trim(&self) -> usize {
-        if !sync::lock(&self.registry).alive {
-            return 0;
+        {
+            let reg = sync::lock(&self.registry);
+            if !self.is_alive() {
+                return 0;
+            }
+            for &c in &reg.caches {
+                // SAFETY: registered caches stay allocated while the lock is held.
+                unsafe { ThreadCache::request_flush(c) };
+            }
         }
+        cache::announce_flush_requests();
         Engine::trim(self) * self.backing().object_size()
     }
 }

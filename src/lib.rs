@@ -78,4 +78,30 @@ pub mod __loom {
     pub use crate::backing::Backing;
     pub use crate::depot::{for_each_in_chain, Depot, MagazineStack};
     pub use crate::magazine::{Magazine, MagazineTable, NIL};
+
+    use crate::registry::Source;
+    use crate::sync::Arc;
+    use crate::{ClassAllocator, Stats};
+
+    /// An allocator as the process-wide registry holds it (`stats::all`, `trim_all`):
+    /// for models of administrators racing owners and the allocator's drop. (Under loom
+    /// the registry itself lists nothing.)
+    pub struct Admin(Arc<crate::engine::Engine>);
+
+    impl Admin {
+        /// The registry's view of `a`.
+        pub fn of<T>(a: &ClassAllocator<T>) -> Self {
+            Admin(a.engine_arc())
+        }
+
+        /// What `trim_all` does to this allocator.
+        pub fn trim(&self) -> usize {
+            Source::trim(&*self.0)
+        }
+
+        /// What `stats::all` reads of this allocator.
+        pub fn stats(&self) -> Option<Stats> {
+            Source::stats(&*self.0)
+        }
+    }
 }

@@ -16,13 +16,18 @@ use std::ptr::{self, NonNull};
 
 use crate::sync::{self, AtomicPtr, AtomicU32, Ordering, UnsafeCell};
 
+/// Bits of a descriptor index: the depot packs an index with a generation in one
+/// `u64`, and the fewer bits the index takes, the longer the generation takes to wrap.
+/// 2^24 - 1 magazines of up to 1024 objects is more memory than any allocator caches.
+pub const INDEX_BITS: u32 = 24;
+
 /// Index value that means "no magazine".
-pub const NIL: u32 = u32::MAX;
+pub const NIL: u32 = (1 << INDEX_BITS) - 1;
 
 /// The first segment holds `1 << BASE_SHIFT` descriptors; each next one twice as many.
 const BASE_SHIFT: u32 = if cfg!(proxalloc_loom) { 1 } else { 4 };
 /// Enough segments to address every index below [`NIL`].
-const SEGMENTS: usize = (33 - BASE_SHIFT) as usize;
+const SEGMENTS: usize = (INDEX_BITS + 1 - BASE_SHIFT) as usize;
 
 /// The free objects in a magazine: `slots[..len]` are valid object pointers.
 #[derive(Debug)]
@@ -236,24 +241,6 @@ impl MagazineTable {
         // SAFETY: allocated in `install_segment` with this layout.
         unsafe { sync::dealloc(base.cast(), segment_layout(len)) };
     }
-
-    /// Iterates the rounds of every magazine ever created, so a dying allocator can find
-    /// objects in magazines that a thread cache or a depot stack still holds.
-    ///
-    /// # Safety
-    /// No other thread uses the table or any of its magazines any more.
-    pub unsafe fn for_each_magazine(&self, mut f: impl FnMut(&Magazine)) {
-        for (seg, slot) in self.segments.iter().enumerate() {
-            let base = slot.load(Ordering::Acquire);
-            if base.is_null() {
-                continue;
-            }
-            for off in 0..(1usize << (seg as u32 + BASE_SHIFT)) {
-                // SAFETY: the segment is live; exclusive use per the caller's contract.
-                f(unsafe { &*base.add(off) });
-            }
-        }
-    }
 }
 
 impl Drop for MagazineTable {
@@ -319,9 +306,5 @@ mod tests {
             // SAFETY: owned: no other thread has seen the table.
             assert!(unsafe { table.ensure_slots(m) });
         }
-        let mut count = 0;
-        // SAFETY: single-threaded.
-        unsafe { table.for_each_magazine(|_| count += 1) };
-        assert!(count >= n);
     }
 }

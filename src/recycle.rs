@@ -94,8 +94,40 @@ unsafe fn destroy<T>(p: *mut u8) {
 /// assert!(again.0.is_empty());
 /// assert_eq!(again.0.as_ptr(), buffer, "the same buffer, no allocation");
 /// ```
+///
+/// The allocator keeps values and hands them to whichever thread asks next, and drops
+/// them on whichever thread trims or drops it, so it is `Send` and `Sync` only when `T`
+/// is `Send` (as a `Mutex<T>` is). A `!Send` type cannot be shared that way:
+///
+/// ```compile_fail
+/// use proxalloc::{Recycle, RecyclingAllocator};
+/// use std::rc::Rc;
+/// struct Shared(Rc<u8>);
+/// impl Recycle for Shared {
+///     fn create() -> Self { Shared(Rc::new(0)) }
+///     fn recycle(&mut self) -> bool { true }
+/// }
+/// static SHARED: RecyclingAllocator<Shared> = RecyclingAllocator::new("shared");
+/// // error: `Rc<u8>` cannot be sent between threads safely
+/// ```
+///
+/// ```compile_fail
+/// use proxalloc::{Recycle, RecyclingAllocator};
+/// use std::rc::Rc;
+/// struct Shared(Rc<u8>);
+/// impl Recycle for Shared {
+///     fn create() -> Self { Shared(Rc::new(0)) }
+///     fn recycle(&mut self) -> bool { true }
+/// }
+/// let a = std::sync::Arc::new(RecyclingAllocator::<Shared>::new("shared"));
+/// let b = a.clone();
+/// std::thread::spawn(move || drop(b.get())); // error: not `Send`/`Sync`
+/// ```
 pub struct RecyclingAllocator<T: Recycle> {
     inner: ClassAllocator<T>,
+    /// Cached values move between threads one at a time: `Send` and `Sync` exactly when
+    /// `T: Send`, like a `Mutex<T>`.
+    _values: PhantomData<std::sync::Mutex<T>>,
 }
 
 impl<T: Recycle> RecyclingAllocator<T> {
@@ -115,6 +147,7 @@ impl<T: Recycle> RecyclingAllocator<T> {
     pub const fn with_config(name: &'static str, config: Config) -> Self {
         RecyclingAllocator {
             inner: ClassAllocator::with_parts(name, config, Some(Self::HOOKS), None),
+            _values: PhantomData,
         }
     }
 
@@ -129,6 +162,7 @@ impl<T: Recycle> RecyclingAllocator<T> {
     pub fn with_config(name: &'static str, config: Config) -> Self {
         RecyclingAllocator {
             inner: ClassAllocator::with_parts(name, config, Some(Self::HOOKS), None),
+            _values: PhantomData,
         }
     }
 

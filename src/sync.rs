@@ -15,7 +15,7 @@
 mod imp {
     pub(crate) use loom::alloc::{alloc, dealloc};
     pub(crate) use loom::cell::UnsafeCell;
-    pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
     pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 
     /// A thread-local with a `const` initialiser under std; loom's macro takes no
@@ -31,7 +31,7 @@ mod imp {
 #[cfg(not(proxalloc_loom))]
 mod imp {
     pub(crate) use std::alloc::{alloc, dealloc};
-    pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
     pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 
     /// A thread-local with a `const` initialiser (see the loom twin).

@@ -36,16 +36,22 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// Allocator drop and live threads: the dropping thread's cache and the depot are
+/// released at once; each other thread releases what its cache holds at its next slow
+/// path (any allocator's) or at exit, since only the owner may touch its magazines.
 #[test]
 fn dropping_the_allocator_releases_objects_cached_by_live_threads() {
     const THREADS: usize = 4;
+    static OTHER: ClassAllocator<u64> = ClassAllocator::new("drop-releases-other");
     let a = Arc::new(ClassAllocator::<Marked>::new("marked"));
     let used = Arc::new(Barrier::new(THREADS + 1));
-    let (exit_tx, exit_rx) = mpsc::channel::<()>();
-    let exit_rx = Arc::new(std::sync::Mutex::new(exit_rx));
+    let mut pokes = Vec::new();
+    let (done_tx, done_rx) = mpsc::channel::<usize>();
     let threads: Vec<_> = (0..THREADS)
         .map(|t| {
-            let (a, used, exit_rx) = (Arc::clone(&a), Arc::clone(&used), Arc::clone(&exit_rx));
+            let (a, used, done_tx) = (Arc::clone(&a), Arc::clone(&used), done_tx.clone());
+            let (poke_tx, poke_rx) = mpsc::channel::<()>();
+            pokes.push(poke_tx);
             std::thread::spawn(move || {
                 // Leave objects in this thread's cache, then stop using the allocator
                 // but stay alive.
@@ -56,7 +62,12 @@ fn dropping_the_allocator_releases_objects_cached_by_live_threads() {
                 );
                 drop(a);
                 used.wait();
-                let _ = exit_rx.lock().unwrap().recv();
+                // A poke: one slow path on another allocator, then report back.
+                if poke_rx.recv().is_ok() {
+                    drop(OTHER.alloc(t as u64));
+                    done_tx.send(t).unwrap();
+                }
+                let _ = poke_rx.recv();
             })
         })
         .collect();
@@ -64,22 +75,39 @@ fn dropping_the_allocator_releases_objects_cached_by_live_threads() {
     let s = a.stats();
     assert_eq!(s.threads, THREADS);
     assert!(s.cached_in_threads > 0, "{s}");
+    let in_threads = s.cached_in_threads as isize;
     assert!(MARKED_BLOCKS.load(Ordering::Relaxed) > 0);
     // The last reference: the allocator drops while its threads still hold caches.
     let Ok(a) = Arc::try_unwrap(a) else {
         panic!("threads dropped their references")
     };
     drop(a);
+    let after_drop = MARKED_BLOCKS.load(Ordering::Relaxed);
+    assert!(
+        after_drop <= in_threads,
+        "only what idle threads cache may remain: {after_drop} > {in_threads}"
+    );
+    // Two threads take a slow path: their caches are released then.
+    for poke in &pokes[..2] {
+        poke.send(()).unwrap();
+    }
+    for _ in 0..2 {
+        done_rx.recv().unwrap();
+    }
+    let after_pokes = MARKED_BLOCKS.load(Ordering::Relaxed);
+    assert!(
+        after_pokes < after_drop || after_drop == 0,
+        "a slow path releases the dead allocator's objects ({after_pokes} vs {after_drop})"
+    );
+    drop(pokes);
+    for t in threads {
+        t.join().unwrap();
+    }
     assert_eq!(
         MARKED_BLOCKS.load(Ordering::Relaxed),
         0,
         "cached objects leaked"
     );
-    drop(exit_tx);
-    for t in threads {
-        t.join().unwrap();
-    }
-    assert_eq!(MARKED_BLOCKS.load(Ordering::Relaxed), 0);
 
     // A new allocator may reuse the dropped one's thread-cache slot.
     let b = ClassAllocator::<Marked>::new("after");

@@ -1,0 +1,99 @@
+//! Models of administrators meeting owners: `trim_all` racing an allocator's drop,
+//! `stats` racing a thread that exits, and shutdown racing a thread's exit flush. The
+//! registry is empty under loom, so the models take the registry's view of an
+//! allocator through `__loom::Admin`.
+//!
+//! Object memory comes from `loom::alloc`, so an object never returned fails the model
+//! as a leak, and one returned twice fails it too.
+#![cfg(proxalloc_loom)]
+
+use loom::sync::Arc;
+use loom::thread;
+use proxalloc::__loom::Admin;
+use proxalloc::{ClassAllocator, Config};
+
+type Alloc = ClassAllocator<u64>;
+
+fn allocator(magazine: usize, depot_objects: usize) -> Alloc {
+    let cfg = Config::new()
+        .magazine_size(magazine)
+        .depot_bytes(depot_objects * 8);
+    ClassAllocator::with_config("loom-admin", cfg)
+}
+
+/// Allocates `n` objects and frees them, leaving them in this thread's cache.
+fn churn(a: &Alloc, n: u64) {
+    let v: Vec<_> = (0..n).map(|i| a.alloc(i)).collect();
+    for (i, x) in v.iter().enumerate() {
+        assert_eq!(**x, i as u64, "an object was handed out twice");
+    }
+}
+
+/// `trim_all` holds the depot's chain (detached, being released) while the allocator is
+/// dropped on another thread: each object is released exactly once.
+#[test]
+fn trim_all_races_the_allocators_drop() {
+    loom::model(|| {
+        let a = allocator(1, 8);
+        churn(&a, 3);
+        a.release_thread_cache(); // three one-object magazines in the depot
+        let admin = Admin::of(&a);
+        let trimmer = thread::spawn(move || {
+            admin.trim();
+        });
+        drop(a);
+        trimmer.join().unwrap();
+    });
+}
+
+/// `stats` reads while a thread allocates and exits (its counters move from its cache
+/// to the engine's under the registry lock): totals never go back.
+#[test]
+fn stats_race_a_thread_that_exits() {
+    loom::model(|| {
+        let a = Arc::new(allocator(1, 8));
+        let worker = {
+            let a = Arc::clone(&a);
+            thread::spawn(move || churn(&a, 2))
+        };
+        let admin = Admin::of(&a);
+        let first = admin.stats().unwrap();
+        let second = admin.stats().unwrap();
+        assert!(second.allocs >= first.allocs, "{first} then {second}");
+        assert!(second.frees >= first.frees, "{first} then {second}");
+        worker.join().unwrap();
+        let mut waits = 0;
+        while a.stats().threads > 0 {
+            waits += 1;
+            assert!(waits < 50, "the exiting thread's cache was never retired");
+            thread::yield_now();
+        }
+        let s = a.stats();
+        assert_eq!((s.allocs, s.frees, s.live), (2, 2, 0), "{s}");
+        assert!(s.is_consistent(), "{s}");
+        drop(admin);
+        let Ok(a) = Arc::try_unwrap(a) else {
+            panic!("a thread kept the allocator")
+        };
+        drop(a);
+    });
+}
+
+/// The allocator is dropped (its last reference, on whichever thread lets go last)
+/// while a thread that cached objects exits: the objects go back exactly once, by the
+/// exiting thread if the allocator is already gone.
+#[test]
+fn shutdown_races_thread_exit() {
+    loom::model(|| {
+        let a = Arc::new(allocator(1, 8));
+        let worker = {
+            let a = Arc::clone(&a);
+            thread::spawn(move || {
+                churn(&a, 2);
+                drop(a);
+            })
+        };
+        drop(a);
+        worker.join().unwrap();
+    });
+}
