@@ -733,40 +733,31 @@ pub(crate) fn install(engine: &Arc<Engine>) {
 /// collector is due or another thread asked for flushes. Called at the end of slow
 /// paths, when no cache is borrowed.
 pub(crate) fn after_slow_path() {
-    let garbage = LOCAL.try_with(|t| {
-        let n = t.gc_clock.get() + 1;
-        let idle_pass = n >= GC_PERIOD;
-        let epoch = FLUSH_EPOCH.load(Ordering::Relaxed);
-        if !idle_pass && epoch == t.seen_epoch.get() {
-            t.gc_clock.set(n);
-            return None;
-        }
-        if idle_pass {
-            t.gc_clock.set(0);
-        }
-        t.seen_epoch.set(epoch);
-        let mut garbage = Garbage::default();
-        // SAFETY: this thread's table; nothing in it is borrowed at a slow path's end.
-        unsafe { t.sweep(idle_pass, &mut garbage) };
-        Some(garbage)
-    });
-    if let Ok(Some(garbage)) = garbage {
-        garbage.release();
-    }
+    sweep_when_due(true);
 }
 
 /// Honours flush requests posted since this thread last looked (a `with_local` call's
 /// exit: an event loop may never take a slow path).
 pub(crate) fn honour_flush_requests() {
+    sweep_when_due(false);
+}
+
+fn sweep_when_due(slow_path: bool) {
     let garbage = LOCAL.try_with(|t| {
+        let mut idle_pass = false;
+        if slow_path {
+            let n = t.gc_clock.get() + 1;
+            idle_pass = n >= GC_PERIOD;
+            t.gc_clock.set(if idle_pass { 0 } else { n });
+        }
         let epoch = FLUSH_EPOCH.load(Ordering::Relaxed);
-        if epoch == t.seen_epoch.get() {
+        if !idle_pass && epoch == t.seen_epoch.get() {
             return None;
         }
         t.seen_epoch.set(epoch);
         let mut garbage = Garbage::default();
-        // SAFETY: as in `after_slow_path`.
-        unsafe { t.sweep(false, &mut garbage) };
+        // SAFETY: this thread's table; callers hold no borrow of it or of a cache.
+        unsafe { t.sweep(idle_pass, &mut garbage) };
         Some(garbage)
     });
     if let Ok(Some(garbage)) = garbage {
