@@ -210,7 +210,10 @@ fn a_panic_payload_that_panics_when_dropped_leaves_the_allocator_consistent() {
 /// during shutdown, thread-exit retire and the idle collector; a `Drop` that reads stats
 /// or frees often enough to tick the collector deadlocked.
 #[test]
-#[cfg_attr(miri, ignore = "guards a deadlock, not UB; thousands of slow paths are too slow under Miri")]
+#[cfg_attr(
+    miri,
+    ignore = "guards a deadlock, not UB; thousands of slow paths are too slow under Miri"
+)]
 fn destructors_that_read_stats_and_churn_other_allocators_do_not_deadlock() {
     static CHURN: ClassAllocator<u64> =
         ClassAllocator::with_config("snoop-churn", Config::new().magazine_size(1));
