@@ -85,7 +85,8 @@ impl Counters {
 ///   owner). Both are atomics, and other threads only ever reach this part through a
 ///   pointer to the field, never a reference to the whole cache.
 ///
-/// The fast paths' fields come first, in one cache line.
+/// The fast paths' fields (the owned part, 48 bytes) and their two counters come first,
+/// in one cache line.
 #[derive(Debug)]
 #[repr(C, align(64))]
 pub(crate) struct ThreadCache {
@@ -96,6 +97,11 @@ pub(crate) struct ThreadCache {
     /// cache at its next slow path. A hint (nothing is published through it), so it is a
     /// std atomic even under loom.
     flush_request: AtomicBool,
+    /// Live [`Pin`]s: while non-zero the cache must not be retired (owner only; a `Cell`
+    /// after the counters, so the fast paths' fields and counters share one line).
+    pins: Cell<u32>,
+    /// `allocs + frees` when the idle collector last looked at this cache (owner only).
+    gc_seen: Cell<u64>,
 }
 
 /// The owner-only part of a [`ThreadCache`].
@@ -115,10 +121,6 @@ pub(crate) struct Owned {
     loaded: *const Magazine,
     /// The previous magazine, or null; its descriptor's `len` is current.
     previous: *const Magazine,
-    /// Live [`Pin`]s: while non-zero the cache must not be retired.
-    pins: usize,
-    /// `allocs + frees` when the idle collector last looked at this cache.
-    gc_seen: u64,
 }
 
 impl ThreadCache {
@@ -131,11 +133,11 @@ impl ThreadCache {
                 cap: 0,
                 loaded: ptr::null(),
                 previous: ptr::null(),
-                pins: 0,
-                gc_seen: 0,
             }),
             counters: Counters::new(),
             flush_request: AtomicBool::new(false),
+            pins: Cell::new(0),
+            gc_seen: Cell::new(0),
         }
     }
 
@@ -178,6 +180,11 @@ impl ThreadCache {
     pub(crate) unsafe fn request_flush(this: *const ThreadCache) {
         // SAFETY: per the contract; only the atomic field is borrowed.
         unsafe { (*ptr::addr_of!((*this).flush_request)).store(true, Ordering::Relaxed) };
+    }
+
+    /// Whether a [`Pin`] holds this cache (owner only).
+    pub(crate) fn pinned(&self) -> bool {
+        self.pins.get() > 0
     }
 
     /// Takes a pending flush request (owner only).
@@ -226,11 +233,6 @@ impl ThreadCache {
 }
 
 impl Owned {
-    /// Whether a [`Pin`] holds this cache.
-    pub(crate) fn pinned(&self) -> bool {
-        self.pins > 0
-    }
-
     pub(crate) fn previous(&self) -> Option<&Magazine> {
         // SAFETY: a non-null `previous` is a descriptor of the engine's table, which
         // outlives every cache of the engine.
@@ -308,7 +310,7 @@ impl Pin {
     /// `cache` is this thread's cache, and no reference from its `owned` is live.
     pub(crate) unsafe fn new(cache: *const ThreadCache) -> Self {
         // SAFETY: per the contract.
-        unsafe { (*cache).owned().pins += 1 };
+        unsafe { (*cache).pins.set((*cache).pins.get() + 1) };
         Pin(cache)
     }
 }
@@ -317,7 +319,7 @@ impl Drop for Pin {
     fn drop(&mut self) {
         // SAFETY: a pinned cache is not freed until its thread exits, this pin lives on
         // that thread's stack, and no owner borrow is live where a pin drops.
-        unsafe { (*self.0).owned().pins -= 1 };
+        unsafe { (*self.0).pins.set((*self.0).pins.get() - 1) };
     }
 }
 
@@ -440,7 +442,7 @@ impl Rest {
         let c = self.cache(fast, slot);
         // SAFETY: a registered cache of this thread, per the caller's contract.
         unsafe {
-            debug_assert!(!(*c).owned().pinned(), "retiring a pinned cache");
+            debug_assert!(!(*c).pinned(), "retiring a pinned cache");
             let evictions = engine.retire_cache(&*c);
             (*c).owned().instance = EMPTY;
             garbage.push(engine, evictions);
@@ -569,11 +571,11 @@ impl Table {
                         garbage.push(engine.clone(), evictions);
                     } else if idle_pass {
                         let ops = c.counters.allocs.get() + c.counters.frees.get();
-                        if ops == c.owned().gc_seen {
+                        if ops == c.gc_seen.get() {
                             let evictions = engine.release_idle_magazine(c);
                             garbage.push(engine.clone(), evictions);
                         }
-                        c.owned().gc_seen = ops;
+                        c.gc_seen.set(ops);
                     }
                 }
             });
@@ -824,5 +826,20 @@ pub(crate) mod slots {
     pub(crate) fn release(slot: u32) {
         let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
         pool.free.push(slot);
+    }
+}
+
+#[cfg(all(test, not(proxalloc_loom)))]
+mod tests {
+    use super::*;
+
+    /// The fast paths touch the owned part and the `allocs`/`frees` counters: one line.
+    #[test]
+    fn fast_path_fields_share_one_cache_line() {
+        let c = ThreadCache::new(EMPTY);
+        let base = std::ptr::addr_of!(c) as usize;
+        let frees_end = std::ptr::addr_of!(c.counters.frees) as usize + 8;
+        assert_eq!(std::mem::align_of::<ThreadCache>(), 64);
+        assert!(frees_end - base <= 64, "counters end at byte {}", frees_end - base);
     }
 }

@@ -460,7 +460,7 @@ impl Engine {
             // SAFETY: this thread's own cache; no reference into it is live here.
             let c = unsafe { &*c };
             // SAFETY: as above.
-            if unsafe { c.owned() }.pinned() {
+            if c.pinned() {
                 // SAFETY: as above.
                 let evictions = unsafe { self.flush(c) };
                 return self.release(evictions);
