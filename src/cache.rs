@@ -840,6 +840,10 @@ mod tests {
         let base = std::ptr::addr_of!(c) as usize;
         let frees_end = std::ptr::addr_of!(c.counters.frees) as usize + 8;
         assert_eq!(std::mem::align_of::<ThreadCache>(), 64);
-        assert!(frees_end - base <= 64, "counters end at byte {}", frees_end - base);
+        assert!(
+            frees_end - base <= 64,
+            "counters end at byte {}",
+            frees_end - base
+        );
     }
 }
