@@ -147,8 +147,9 @@ fn stats_and_trim_all_run_while_another_thread_allocates() {
         let mut last_allocs = 0;
         while !stop.load(Ordering::SeqCst) {
             let s = OBJECTS.stats();
+            // A snapshot taken while the owner runs is approximate (allocs and frees
+            // are read one after the other), but totals never go back.
             assert!(s.allocs >= last_allocs, "counts went back: {s}");
-            assert!(s.allocs >= s.frees, "{s}");
             last_allocs = s.allocs;
             proxalloc::trim_all();
             if cfg!(miri) {
