@@ -10,7 +10,7 @@
 //! handler alone, in process, without sockets.
 //!
 //! ```sh
-//! cargo run --release --example showdown                     # the table (about 45 s)
+//! cargo run --release --example showdown                     # the table (about a minute)
 //! cargo run --release --example showdown -- --seconds 20 --connections 512
 //! cargo run --release --example showdown -- --serve --port 8080 --mode caches --seconds 0
 //! curl -v http://127.0.0.1:8080/objects/7                     # then: X-Cache: HIT
@@ -25,6 +25,8 @@ mod server;
 use std::io::{BufRead, BufReader, Read};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -174,7 +176,7 @@ fn serve(a: &Args) {
         } else {
             let _ = ctrl_c.await;
         }
-        let proxy = std::sync::Arc::clone(&running.proxy);
+        let proxy = Arc::clone(&running.proxy);
         let (entries, bytes) = proxy.cache.usage();
         println!(
             "stopping: {entries} cache entries ({} KiB); draining (Ctrl-C again: quit now)",
@@ -185,7 +187,7 @@ fn serve(a: &Args) {
             _ = tokio::signal::ctrl_c() => std::process::exit(130),
         };
         let c = &proxy.counters;
-        let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+        let load = |n: &AtomicU64| n.load(Relaxed);
         let counters = [
             load(&c.hits),
             load(&c.misses),
@@ -235,7 +237,7 @@ fn inproc(a: &Args) {
         let running = proxy::start(allocs, 0, Limits::default(), CACHE_BYTES)
             .await
             .expect("listen on loopback");
-        let proxy = std::sync::Arc::clone(&running.proxy);
+        let proxy = Arc::clone(&running.proxy);
         let client = IpAddr::V4(Ipv4Addr::LOCALHOST);
         for i in 0..1000 {
             drop(proxy.handle(inproc_request(i), client).await); // fill the cache
@@ -244,7 +246,7 @@ fn inproc(a: &Args) {
         let deadline = start + Duration::from_secs_f64(seconds);
         let tasks: Vec<_> = (0..TASKS)
             .map(|t| {
-                let proxy = std::sync::Arc::clone(&proxy);
+                let proxy = Arc::clone(&proxy);
                 tokio::spawn(async move {
                     let mut served = 0u64;
                     while Instant::now() < deadline {

@@ -10,6 +10,8 @@
 //! | `POST /echo` | the request body streamed back, with `X-Origin-Framing` saying how it arrived |
 //! | anything else | `404` |
 //!
+//! `HEAD` is answered like `GET` (hyper leaves the body out).
+//!
 //! The origin is plain hyper; only the proxy in front of it allocates from proxalloc.
 
 use std::time::Duration;
@@ -29,7 +31,7 @@ pub async fn handle(req: Request<Incoming>) -> Response<RespBody> {
         path.strip_prefix(prefix)
             .and_then(|n| n.parse::<u64>().ok())
     };
-    if req.method() == Method::GET {
+    if req.method() == Method::GET || req.method() == Method::HEAD {
         if let Some(n) = number("/objects/") {
             return text(object_body(n), "public, max-age=300");
         }

@@ -425,7 +425,7 @@ impl Proxy {
             None => PathAndQuery::from_static("/"),
         };
         let mut cacheable = head.method == Method::GET;
-        let mut fields = Vec::with_capacity(head.headers.len() + 2);
+        let mut fields = Vec::with_capacity(head.headers.len());
         for (name, value) in &head.headers {
             if name == header::AUTHORIZATION
                 || (name == header::CACHE_CONTROL || name == header::PRAGMA)
