@@ -51,6 +51,19 @@ impl Counters {
         }
     }
 
+    /// Zeroes the counters (the owner, for a cache no other thread can reach).
+    fn reset(&self) {
+        for c in [
+            &self.allocs,
+            &self.frees,
+            &self.refills,
+            &self.spills,
+            &self.overflows,
+        ] {
+            c.reset();
+        }
+    }
+
     /// Adds these counters' values to `sum`.
     pub(crate) fn read_into(&self, sum: &mut Counts) {
         sum.allocs += self.allocs.get();
@@ -126,14 +139,7 @@ pub(crate) struct Owned {
 impl ThreadCache {
     pub(crate) const fn new(instance: u64) -> Self {
         ThreadCache {
-            owned: UnsafeCell::new(Owned {
-                instance,
-                slots: ptr::null_mut(),
-                len: 0,
-                cap: 0,
-                loaded: ptr::null(),
-                previous: ptr::null(),
-            }),
+            owned: UnsafeCell::new(Owned::empty(instance)),
             counters: Counters::new(),
             flush_request: AtomicBool::new(false),
             pins: Cell::new(0),
@@ -187,6 +193,23 @@ impl ThreadCache {
         self.pins.get() > 0
     }
 
+    /// Makes this retired cache a fresh, empty one of `instance`, in place and only
+    /// through the cell and the atomics (never a write of the whole struct): a slow path
+    /// further up this thread's stack may still hold a shared reference to it, if user
+    /// code it ran retired the cache and registered its allocator again.
+    ///
+    /// # Safety
+    /// Called on the owner thread, with no reference from `owned` live; the cache holds
+    /// no magazines and is in no engine's registry.
+    unsafe fn reset(&self, instance: u64) {
+        // SAFETY: per the contract, the only access to the cell.
+        unsafe { *self.owned.get() = Owned::empty(instance) };
+        self.counters.reset();
+        self.flush_request.store(false, Ordering::Relaxed);
+        self.pins.set(0);
+        self.gc_seen.set(0);
+    }
+
     /// Takes a pending flush request (owner only).
     pub(crate) fn take_flush_request(&self) -> bool {
         self.flush_request.load(Ordering::Relaxed)
@@ -233,6 +256,17 @@ impl ThreadCache {
 }
 
 impl Owned {
+    const fn empty(instance: u64) -> Self {
+        Owned {
+            instance,
+            slots: ptr::null_mut(),
+            len: 0,
+            cap: 0,
+            loaded: ptr::null(),
+            previous: ptr::null(),
+        }
+    }
+
     pub(crate) fn previous(&self) -> Option<&Magazine> {
         // SAFETY: a non-null `previous` is a descriptor of the engine's table, which
         // outlives every cache of the engine.
@@ -339,8 +373,9 @@ pub(crate) const GC_PERIOD: u32 = 256;
 
 /// Bumped whenever another thread posts flush requests (`trim_all`) or an allocator
 /// shuts down: each thread compares it with the value it last saw on its slow paths,
-/// and sweeps its caches when it moved. One relaxed load per slow path; a hint only
-/// (the per-cache requests and the engines' `alive` flags are what the sweep acts on).
+/// and sweeps its caches when it moved. One acquire load (a plain load on x86) per slow
+/// path; the per-cache requests and the engines' `alive` flags are what the sweep acts
+/// on.
 #[cfg(not(proxalloc_loom))]
 static FLUSH_EPOCH: sync::process::AtomicU64 = sync::process::AtomicU64::new(0);
 
@@ -520,25 +555,21 @@ impl Table {
                 }
                 rest.retire(fast, slot, garbage);
                 rest.owners[slot] = Some(engine.clone());
-                let fresh = ThreadCache::new(engine.instance());
                 let c = if slot < FAST_SLOTS {
-                    let c = fast.add(slot);
-                    // The old value is retired and holds nothing that needs dropping;
-                    // no other thread can reach it (it left its engine's registry).
-                    c.write(fresh);
-                    c
+                    fast.add(slot)
                 } else {
                     if rest.more.len() <= slot - FAST_SLOTS {
                         rest.more.resize(slot - FAST_SLOTS + 1, ptr::null_mut());
                     }
                     let entry = &mut rest.more[slot - FAST_SLOTS];
                     if entry.is_null() {
-                        *entry = Box::into_raw(Box::new(fresh));
-                    } else {
-                        entry.write(fresh);
+                        *entry = Box::into_raw(Box::new(ThreadCache::new(EMPTY)));
                     }
                     *entry
                 };
+                // The old cache is retired: no magazines, and no other thread can reach
+                // it (it left its engine's registry).
+                (*c).reset(engine.instance());
                 engine.adopt(c);
                 c
             })
@@ -752,7 +783,10 @@ fn sweep_when_due(slow_path: bool) {
             idle_pass = n >= GC_PERIOD;
             t.gc_clock.set(if idle_pass { 0 } else { n });
         }
-        let epoch = FLUSH_EPOCH.load(Ordering::Relaxed);
+        // Acquire pairs with `announce_flush_requests`' Release: a thread that sees the
+        // new epoch also sees the flush requests and dead engines posted before it (with
+        // Relaxed, a weak-memory CPU could skip them until the next idle pass).
+        let epoch = FLUSH_EPOCH.load(Ordering::Acquire);
         if !idle_pass && epoch == t.seen_epoch.get() {
             return None;
         }

@@ -501,7 +501,8 @@ impl Engine {
             }
         }
         cache::announce_flush_requests();
-        self.depot.trim();
+        let released = self.depot.trim();
+        crate::backing::release_to_os(released * self.backing().object_size());
         slots::release(self.slot);
     }
 

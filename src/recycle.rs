@@ -38,7 +38,32 @@ use crate::stats::Stats;
 ///     }
 /// }
 /// ```
-pub trait Recycle: Sized {
+///
+/// A recycling allocator keeps values after their handles are gone, hands them to
+/// whichever thread asks next, and destroys them on whichever thread trims, flushes or
+/// drops its caches, possibly after the allocator itself is gone (a `trim_all` in flight,
+/// another thread's cache released at its next slow path or exit). So a `Recycle` type
+/// must be `Send` and `'static`: it may neither stay on one thread nor borrow anything.
+///
+/// ```compile_fail
+/// use proxalloc::Recycle;
+/// use std::rc::Rc;
+/// struct Shared(Rc<u8>);
+/// impl Recycle for Shared { // error: `Rc<u8>` cannot be sent between threads safely
+///     fn create() -> Self { Shared(Rc::new(0)) }
+///     fn recycle(&mut self) -> bool { true }
+/// }
+/// ```
+///
+/// ```compile_fail
+/// use proxalloc::Recycle;
+/// struct Borrowing<'a>(Option<&'a u64>);
+/// impl<'a> Recycle for Borrowing<'a> { // error: the type may not live long enough
+///     fn create() -> Self { Borrowing(None) }
+///     fn recycle(&mut self) -> bool { true }
+/// }
+/// ```
+pub trait Recycle: Sized + Send + 'static {
     /// A fresh value, for when no recycled one is cached.
     fn create() -> Self;
 
@@ -72,7 +97,9 @@ unsafe fn destroy<T>(p: *mut u8) {
 /// [`Recycle::recycle`] and keeps the value, buffers and all, in the thread's cache.
 ///
 /// Cached values are dropped when they leave the caches: over the depot budget, on
-/// `trim`, and when the allocator is dropped.
+/// `trim`/`trim_all`, and when the allocator is dropped (the depot's and the dropping
+/// thread's at once; another thread's at that thread's next slow path or exit, on that
+/// thread).
 ///
 /// ```
 /// use proxalloc::{Recycle, RecyclingAllocator};
@@ -95,39 +122,10 @@ unsafe fn destroy<T>(p: *mut u8) {
 /// assert_eq!(again.0.as_ptr(), buffer, "the same buffer, no allocation");
 /// ```
 ///
-/// The allocator keeps values and hands them to whichever thread asks next, and drops
-/// them on whichever thread trims or drops it, so it is `Send` and `Sync` only when `T`
-/// is `Send` (as a `Mutex<T>` is). A `!Send` type cannot be shared that way:
-///
-/// ```compile_fail
-/// use proxalloc::{Recycle, RecyclingAllocator};
-/// use std::rc::Rc;
-/// struct Shared(Rc<u8>);
-/// impl Recycle for Shared {
-///     fn create() -> Self { Shared(Rc::new(0)) }
-///     fn recycle(&mut self) -> bool { true }
-/// }
-/// static SHARED: RecyclingAllocator<Shared> = RecyclingAllocator::new("shared");
-/// // error: `Rc<u8>` cannot be sent between threads safely
-/// ```
-///
-/// ```compile_fail
-/// use proxalloc::{Recycle, RecyclingAllocator};
-/// use std::rc::Rc;
-/// struct Shared(Rc<u8>);
-/// impl Recycle for Shared {
-///     fn create() -> Self { Shared(Rc::new(0)) }
-///     fn recycle(&mut self) -> bool { true }
-/// }
-/// let a = std::sync::Arc::new(RecyclingAllocator::<Shared>::new("shared"));
-/// let b = a.clone();
-/// std::thread::spawn(move || drop(b.get())); // error: not `Send`/`Sync`
-/// ```
+/// Values are `Send + 'static` (see [`Recycle`]), so the allocator can be a `static`
+/// shared by every thread.
 pub struct RecyclingAllocator<T: Recycle> {
     inner: ClassAllocator<T>,
-    /// Cached values move between threads one at a time: `Send` and `Sync` exactly when
-    /// `T: Send`, like a `Mutex<T>`.
-    _values: PhantomData<std::sync::Mutex<T>>,
 }
 
 impl<T: Recycle> RecyclingAllocator<T> {
@@ -147,7 +145,6 @@ impl<T: Recycle> RecyclingAllocator<T> {
     pub const fn with_config(name: &'static str, config: Config) -> Self {
         RecyclingAllocator {
             inner: ClassAllocator::with_parts(name, config, Some(Self::HOOKS), None),
-            _values: PhantomData,
         }
     }
 
@@ -162,7 +159,6 @@ impl<T: Recycle> RecyclingAllocator<T> {
     pub fn with_config(name: &'static str, config: Config) -> Self {
         RecyclingAllocator {
             inner: ClassAllocator::with_parts(name, config, Some(Self::HOOKS), None),
-            _values: PhantomData,
         }
     }
 

@@ -109,6 +109,11 @@ impl StatCounter {
     pub(crate) fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
+
+    /// Sets it to zero (the owner, while no other thread can read it).
+    pub(crate) fn reset(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
 }
 
 /// `Relaxed` loads and stores of std atomics that the optimiser sees as plain memory

@@ -370,3 +370,40 @@ fn trim_all_asks_other_threads_and_they_flush_at_their_next_slow_path() {
     go_tx.send(()).unwrap();
     worker.join().unwrap();
 }
+
+/// Found by review after the fix: a destructor run by an eviction retires this thread's
+/// cache and registers the allocator again, while the slow path that ran it still holds
+/// a reference to the cache. Re-creating the cache must not write the whole struct
+/// (Miri, in CI, flags that under Stacked Borrows); here the accounting must also stay
+/// exact.
+#[test]
+fn a_destructor_that_recreates_this_threads_cache() {
+    static ARM: AtomicBool = AtomicBool::new(false);
+    static RE: RecyclingAllocator<Re> =
+        RecyclingAllocator::with_config("recreate", Config::new().magazine_size(2).depot_bytes(0));
+    struct Re(#[allow(dead_code)] u64);
+    impl Recycle for Re {
+        fn create() -> Self {
+            Re(0)
+        }
+        fn recycle(&mut self) -> bool {
+            true
+        }
+    }
+    impl Drop for Re {
+        fn drop(&mut self) {
+            if ARM.swap(false, Ordering::SeqCst) {
+                RE.release_thread_cache();
+                drop(RE.get());
+            }
+        }
+    }
+    let _serial = serial();
+    let v: Vec<_> = (0..6).map(|_| RE.get()).collect();
+    ARM.store(true, Ordering::SeqCst);
+    drop(v);
+    assert!(!ARM.load(Ordering::SeqCst), "the destructor ran");
+    let s = RE.stats();
+    assert!(s.is_consistent(), "{s}");
+    assert_eq!(s.live, 0, "{s}");
+}
