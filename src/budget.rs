@@ -9,16 +9,32 @@ use crate::sync::{AtomicUsize, Ordering};
 #[derive(Debug)]
 pub struct ByteBudget {
     used: CachePadded<AtomicUsize>,
-    limit: usize,
+    limit: AtomicUsize,
 }
 
 impl ByteBudget {
     /// A budget of `limit` bytes.
+    #[cfg(not(proxalloc_loom))]
+    pub const fn new(limit: usize) -> Self {
+        ByteBudget {
+            used: CachePadded::new(AtomicUsize::new(0)),
+            limit: AtomicUsize::new(limit),
+        }
+    }
+
+    /// A budget of `limit` bytes (loom's atomics are not `const`).
+    #[cfg(proxalloc_loom)]
     pub fn new(limit: usize) -> Self {
         ByteBudget {
             used: CachePadded::new(AtomicUsize::new(0)),
-            limit,
+            limit: AtomicUsize::new(limit),
         }
+    }
+
+    /// Changes the limit. Bytes claimed beyond a lowered limit stay claimed until
+    /// released; nothing new is claimed until the count is back under it.
+    pub fn set_limit(&self, limit: usize) {
+        self.limit.store(limit, Ordering::Relaxed);
     }
 
     /// Claims `bytes`; false (claiming nothing) if that would pass the limit.
@@ -35,7 +51,7 @@ impl ByteBudget {
         }
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {
-            let k = n.min(self.limit.saturating_sub(cur) / size);
+            let k = n.min(self.limit().saturating_sub(cur) / size);
             if k == 0 {
                 return 0;
             }
@@ -65,6 +81,6 @@ impl ByteBudget {
 
     /// The limit in bytes.
     pub fn limit(&self) -> usize {
-        self.limit
+        self.limit.load(Ordering::Relaxed)
     }
 }

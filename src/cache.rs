@@ -10,9 +10,10 @@ use std::cell::{Cell, UnsafeCell};
 use std::ptr::{self, NonNull};
 use std::sync::atomic::AtomicBool;
 
+use crate::budget::ByteBudget;
 use crate::engine::{Engine, Evictions};
-use crate::magazine::{self, Magazine};
-use crate::sync::{self, Arc, Ordering, StatCounter};
+use crate::magazine::{self, Magazine, NIL};
+use crate::sync::{self, Arc, AtomicU64, AtomicUsize, Ordering, StatCounter};
 
 /// Counters of one cache (or of all retired caches of an engine).
 #[derive(Debug, Default)]
@@ -115,6 +116,33 @@ pub(crate) struct ThreadCache {
     pins: Cell<u32>,
     /// `allocs + frees` when the idle collector last looked at this cache (owner only).
     gc_seen: Cell<u64>,
+    /// The stash: full magazines beyond the loaded and previous ones, a stack of
+    /// magazine indices linked through their `next` fields, with its length, packed as
+    /// `(len << 32) | top`. Only the owner pushes and pops; any thread may take the whole
+    /// stash with one swap (`trim_all`, the allocator's drop), which is what makes memory
+    /// that an idle thread caches reclaimable from another thread. No ABA: only the owner
+    /// pushes, and it never pushes while it pops.
+    stash: AtomicU64,
+    /// Bytes of the process-wide thread-cache budget this cache holds for its stash
+    /// (owner grows it; owner or administrator gives it back).
+    grant: AtomicUsize,
+    /// Empty magazines kept for the stash's next fills (owner only), linked through
+    /// `next`, and how many.
+    empties: Cell<*const Magazine>,
+    empty_count: Cell<u32>,
+    /// Magazines spilled to the depot since the last refill from it (owner only): the
+    /// demand that was not kept, which the next refill grants the stash room for.
+    spills_since_refill: Cell<u32>,
+}
+
+/// Packs a stash head.
+const fn stash_head(len: u32, top: u32) -> u64 {
+    ((len as u64) << 32) | top as u64
+}
+
+/// Unpacks a stash head into `(len, top)`.
+fn stash_parts(head: u64) -> (u32, u32) {
+    ((head >> 32) as u32, head as u32)
 }
 
 /// The owner-only part of a [`ThreadCache`].
@@ -137,13 +165,37 @@ pub(crate) struct Owned {
 }
 
 impl ThreadCache {
+    #[cfg(not(proxalloc_loom))]
     pub(crate) const fn new(instance: u64) -> Self {
+        Self::with_stash(
+            instance,
+            AtomicU64::new(stash_head(0, NIL)),
+            AtomicUsize::new(0),
+        )
+    }
+
+    /// Under loom the stash is a loom atomic, which is not `const`.
+    #[cfg(proxalloc_loom)]
+    pub(crate) fn new(instance: u64) -> Self {
+        Self::with_stash(
+            instance,
+            AtomicU64::new(stash_head(0, NIL)),
+            AtomicUsize::new(0),
+        )
+    }
+
+    const fn with_stash(instance: u64, stash: AtomicU64, grant: AtomicUsize) -> Self {
         ThreadCache {
             owned: UnsafeCell::new(Owned::empty(instance)),
             counters: Counters::new(),
             flush_request: AtomicBool::new(false),
             pins: Cell::new(0),
             gc_seen: Cell::new(0),
+            stash,
+            grant,
+            empties: Cell::new(ptr::null()),
+            empty_count: Cell::new(0),
+            spills_since_refill: Cell::new(0),
         }
     }
 
@@ -208,6 +260,133 @@ impl ThreadCache {
         self.flush_request.store(false, Ordering::Relaxed);
         self.pins.set(0);
         self.gc_seen.set(0);
+        debug_assert_eq!(stash_parts(self.stash.load(Ordering::Relaxed)).1, NIL);
+        debug_assert_eq!(self.grant.load(Ordering::Relaxed), 0);
+        debug_assert!(self.empties.get().is_null());
+        self.spills_since_refill.set(0);
+    }
+
+    /// Magazines in the stash now.
+    pub(crate) fn stash_len(&self) -> u32 {
+        stash_parts(self.stash.load(Ordering::Relaxed)).0
+    }
+
+    /// Bytes of the process-wide budget this cache holds.
+    pub(crate) fn grant(&self) -> usize {
+        self.grant.load(Ordering::Relaxed)
+    }
+
+    /// Adds `bytes` (already reserved from the process-wide budget) to the grant (owner).
+    pub(crate) fn add_grant(&self, bytes: usize) {
+        self.grant.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Takes the whole grant, to give it back to the process-wide budget (any thread).
+    ///
+    /// # Safety
+    /// As for [`counters`](Self::counters).
+    pub(crate) unsafe fn take_grant(this: *const ThreadCache) -> usize {
+        // SAFETY: per the contract; only the atomic field is borrowed.
+        unsafe { (*ptr::addr_of!((*this).grant)).swap(0, Ordering::Relaxed) }
+    }
+
+    /// Pushes `mag` (full, owned by this cache) onto the stash (owner only).
+    pub(crate) fn stash_push(&self, mag: &Magazine) {
+        let mut head = self.stash.load(Ordering::Relaxed);
+        loop {
+            let (len, top) = stash_parts(head);
+            mag.next.store(top, Ordering::Relaxed);
+            // Release: the rounds and link written before this become visible to an
+            // administrator that takes the stash (its swap is Acquire).
+            match self.stash.compare_exchange_weak(
+                head,
+                stash_head(len + 1, mag.index),
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    /// Pops the stash's top magazine (owner only); `get` resolves an index.
+    pub(crate) fn stash_pop<'t>(&self, get: impl Fn(u32) -> &'t Magazine) -> Option<&'t Magazine> {
+        let mut head = self.stash.load(Ordering::Acquire);
+        loop {
+            let (len, top) = stash_parts(head);
+            if top == NIL {
+                return None;
+            }
+            let mag = get(top);
+            // If an administrator took the stash meanwhile it may be relinking `mag`:
+            // the read is atomic, and the CAS below then fails.
+            let next = mag.next.load(Ordering::Relaxed);
+            match self.stash.compare_exchange_weak(
+                head,
+                stash_head(len - 1, next),
+                Ordering::Acquire,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(mag),
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    /// Takes the whole stash (any thread): returns the top index of the chain, now owned
+    /// by the caller ([`NIL`] when empty).
+    ///
+    /// # Safety
+    /// As for [`counters`](Self::counters).
+    pub(crate) unsafe fn stash_take(this: *const ThreadCache) -> u32 {
+        // SAFETY: per the contract; only the atomic field is borrowed. Acquire pairs
+        // with the owner's Release pushes, so the chain's rounds and links are visible.
+        let old =
+            unsafe { (*ptr::addr_of!((*this).stash)).swap(stash_head(0, NIL), Ordering::AcqRel) };
+        stash_parts(old).1
+    }
+
+    /// Keeps an empty magazine for later (owner only); false when `limit` are kept.
+    pub(crate) fn keep_empty(&self, mag: &Magazine, limit: u32) -> bool {
+        if self.empty_count.get() >= limit {
+            return false;
+        }
+        let next = self.empties.get();
+        mag.next.store(
+            // SAFETY: kept magazines are descriptors of the engine's table.
+            unsafe { next.as_ref() }.map_or(NIL, |m| m.index),
+            Ordering::Relaxed,
+        );
+        self.empties.set(mag);
+        self.empty_count.set(self.empty_count.get() + 1);
+        true
+    }
+
+    /// Takes a kept empty magazine (owner only); `get` resolves an index.
+    pub(crate) fn take_empty<'t>(&self, get: impl Fn(u32) -> &'t Magazine) -> Option<&'t Magazine> {
+        // SAFETY: kept magazines are descriptors of the engine's table.
+        let mag = unsafe { self.empties.get().as_ref() }?;
+        let next = mag.next.load(Ordering::Relaxed);
+        self.empties.set(if next == NIL {
+            ptr::null()
+        } else {
+            get(next) as *const Magazine
+        });
+        self.empty_count.set(self.empty_count.get() - 1);
+        // SAFETY: as above; the descriptor outlives the cache's use of it.
+        Some(unsafe { &*(mag as *const Magazine) })
+    }
+
+    /// Counts a spill to the depot (owner only).
+    pub(crate) fn note_spill(&self) {
+        self.spills_since_refill
+            .set(self.spills_since_refill.get().saturating_add(1));
+    }
+
+    /// The spills since the last refill, resetting the count (owner only).
+    pub(crate) fn take_spills(&self) -> u32 {
+        self.spills_since_refill.replace(0)
     }
 
     /// Takes a pending flush request (owner only).
@@ -386,6 +565,25 @@ loom::lazy_static! {
     static ref FLUSH_EPOCH: sync::AtomicU64 = sync::AtomicU64::new(0);
 }
 
+/// Default of the process-wide thread-cache budget: 32 MiB.
+pub(crate) const DEFAULT_THREAD_CACHE_BUDGET: usize = 32 << 20;
+
+/// Bytes that thread caches may grow by, all threads and allocators together (each
+/// cache holds a grant from it for its stash).
+#[cfg(not(proxalloc_loom))]
+static THREAD_CACHE_BUDGET: ByteBudget = ByteBudget::new(DEFAULT_THREAD_CACHE_BUDGET);
+
+// Under loom, one per model execution (see `FLUSH_EPOCH`).
+#[cfg(proxalloc_loom)]
+loom::lazy_static! {
+    static ref THREAD_CACHE_BUDGET: ByteBudget = ByteBudget::new(DEFAULT_THREAD_CACHE_BUDGET);
+}
+
+/// The process-wide thread-cache budget.
+pub(crate) fn thread_cache_budget() -> &'static ByteBudget {
+    &THREAD_CACHE_BUDGET
+}
+
 /// Tells every thread to sweep its caches at its next slow path.
 pub(crate) fn announce_flush_requests() {
     FLUSH_EPOCH.fetch_add(1, Ordering::Release);
@@ -486,9 +684,19 @@ impl Rest {
 }
 
 impl Table {
+    #[cfg(not(proxalloc_loom))]
     const fn new() -> Self {
+        Self::with_caches([const { ThreadCache::new(EMPTY) }; FAST_SLOTS])
+    }
+
+    #[cfg(proxalloc_loom)]
+    fn new() -> Self {
+        Self::with_caches(std::array::from_fn(|_| ThreadCache::new(EMPTY)))
+    }
+
+    const fn with_caches(fast: [ThreadCache; FAST_SLOTS]) -> Self {
         Table {
-            fast: UnsafeCell::new([const { ThreadCache::new(EMPTY) }; FAST_SLOTS]),
+            fast: UnsafeCell::new(fast),
             rest: Cell::new(ptr::null_mut()),
             torn_down: Cell::new(false),
             gc_clock: Cell::new(0),

@@ -44,6 +44,7 @@ pub struct Config {
     pub(crate) magazine_size: usize,
     pub(crate) depot_bytes: usize,
     pub(crate) thread_cache_bytes: usize,
+    pub(crate) thread_cache_growth_bytes: usize,
     pub(crate) mode: CacheMode,
     pub(crate) generation_bits: u32,
 }
@@ -56,8 +57,13 @@ impl Config {
     pub const DEFAULT_MAGAZINE_SIZE: usize = 64;
     /// Default budget for bytes of free objects held in the depot (per allocator).
     pub const DEFAULT_DEPOT_BYTES: usize = 2 << 20;
-    /// Default bound on bytes of free objects one thread caches for one allocator.
+    /// Default bound on bytes of free objects one thread caches for one allocator in its
+    /// loaded and previous magazines.
     pub const DEFAULT_THREAD_CACHE_BYTES: usize = 256 << 10;
+    /// Default bound on the bytes one thread's cache may grow by for one allocator (its
+    /// stash of further full magazines), granted from the process-wide thread-cache
+    /// budget (see [`set_thread_cache_budget`](crate::set_thread_cache_budget)).
+    pub const DEFAULT_THREAD_CACHE_GROWTH_BYTES: usize = 1 << 20;
 
     /// The defaults: 64-object magazines, a 2 MiB depot budget, a 256 KiB bound per
     /// thread cache, [`CacheMode::ThreadCaches`].
@@ -66,6 +72,7 @@ impl Config {
             magazine_size: Self::DEFAULT_MAGAZINE_SIZE,
             depot_bytes: Self::DEFAULT_DEPOT_BYTES,
             thread_cache_bytes: Self::DEFAULT_THREAD_CACHE_BYTES,
+            thread_cache_growth_bytes: Self::DEFAULT_THREAD_CACHE_GROWTH_BYTES,
             mode: CacheMode::ThreadCaches,
             generation_bits: crate::depot::MAX_GENERATION_BITS,
         }
@@ -98,6 +105,17 @@ impl Config {
     /// never below one object.
     pub const fn thread_cache_bytes(mut self, bytes: usize) -> Self {
         self.thread_cache_bytes = bytes;
+        self
+    }
+
+    /// How far one thread's cache may grow beyond its two magazines (default 1 MiB): a
+    /// thread that spills magazines to the depot and then needs them back keeps that
+    /// many in its own stash from then on, so a request or batch that holds many objects
+    /// stops going through the shared depot. Growth is granted from the process-wide
+    /// thread-cache budget and returned when the thread goes idle, is flushed by
+    /// `trim_all`, or exits; `0` keeps every thread at two magazines.
+    pub const fn thread_cache_growth_bytes(mut self, bytes: usize) -> Self {
+        self.thread_cache_growth_bytes = bytes;
         self
     }
 

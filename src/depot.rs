@@ -221,6 +221,16 @@ impl Depot {
         &self.backing
     }
 
+    /// The descriptor with `index`.
+    ///
+    /// # Safety
+    /// `index` names a magazine of this depot's table, reached from one its caller owns
+    /// (a stash or kept chain).
+    pub unsafe fn magazine(&self, index: u32) -> &Magazine {
+        // SAFETY: forwarded.
+        unsafe { self.table.get(index) }
+    }
+
     /// Objects per full magazine.
     pub fn capacity(&self) -> usize {
         self.table.capacity()

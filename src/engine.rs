@@ -29,10 +29,10 @@ use std::ptr::NonNull;
 
 use crate::backing::{Backing, ObjectHooks};
 use crate::budget::ByteBudget;
-use crate::cache::{self, slots, Counters, Counts, Owned, ThreadCache};
+use crate::cache::{self, slots, Counters, Counts, ThreadCache};
 use crate::config::{bypass_from_env, CacheMode, Config};
 use crate::depot::{Depot, Eviction, Put};
-use crate::magazine::{self, Magazine};
+use crate::magazine::{self, Magazine, NIL};
 use crate::registry::Source;
 use crate::stats::Stats;
 use crate::sync::{self, Arc, AtomicBool, Mutex, Ordering};
@@ -48,17 +48,15 @@ struct Registry {
 // reused or freed.
 unsafe impl Send for Registry {}
 
-/// Up to two evicted magazines (a flush hands over two), released together.
+/// Evicted magazines, released together once nothing is borrowed. (Allocates only when
+/// something is evicted, which needs a full depot or a dead allocator.)
 #[derive(Debug, Default)]
 #[must_use = "evicted objects must be released with `Engine::release`"]
-pub(crate) struct Evictions([Option<Eviction>; 2]);
+pub(crate) struct Evictions(Vec<Eviction>);
 
 impl Evictions {
     fn push(&mut self, eviction: Option<Eviction>) {
-        if let Some(e) = eviction {
-            let free = self.0.iter_mut().find(|s| s.is_none());
-            *free.expect("at most two evictions at once") = Some(e);
-        }
+        self.0.extend(eviction);
     }
 }
 
@@ -78,6 +76,11 @@ pub(crate) struct Engine {
     /// Counters of retired caches, and of operations that went straight to the backing
     /// allocator (counted here so a slow path never touches its cache after user code).
     retired: Counters,
+    /// Bytes of one full magazine (at least 1, so zero-sized objects still count
+    /// magazines).
+    magazine_bytes: usize,
+    /// Most bytes one thread's stash may be granted.
+    max_grant: usize,
 }
 
 impl Engine {
@@ -111,6 +114,11 @@ impl Engine {
             alive: AtomicBool::new(true),
             registry: Mutex::new(Registry { caches: Vec::new() }),
             retired: Counters::new(),
+            magazine_bytes: (capacity * layout.size()).max(1),
+            max_grant: match mode {
+                CacheMode::ThreadCaches => config.thread_cache_growth_bytes,
+                CacheMode::DepotOnly | CacheMode::Bypass => 0,
+            },
         }
     }
 
@@ -259,16 +267,64 @@ impl Engine {
             o.swap(self.capacity());
             return true;
         }
-        let Some(full) = self.depot.take_full() else {
-            return false;
+        // SAFETY: stash indices name descriptors of this engine's table.
+        let full = match c.stash_pop(|i| unsafe { self.depot.magazine(i) }) {
+            Some(full) => full,
+            None => {
+                let Some(full) = self.depot.take_full() else {
+                    return false;
+                };
+                c.counters.refills.bump(1);
+                self.grow(c);
+                full
+            }
         };
-        c.counters.refills.bump(1);
-        let evictions = self.exchange(c, o, full);
-        // The previous magazine was empty (else it would have been swapped in): an
-        // empty magazine is never evicted.
-        debug_assert!(evictions.0.iter().all(Option::is_none));
-        drop(evictions);
+        // The previous magazine is empty (else it would have been swapped in): keep it
+        // for the stash's next fill, or hand it to the depot (never evicted).
+        if let Some(prev) = o.take_previous() {
+            // SAFETY: a descriptor of this engine's table, owned by the cache.
+            let prev = unsafe { self.mag(prev) };
+            if !c.keep_empty(prev, self.stash_capacity(c)) {
+                let evicted = self.put(c, prev);
+                debug_assert!(evicted.is_none(), "an empty magazine is never evicted");
+            }
+        }
+        let loaded = o.unload();
+        o.set_previous(loaded);
+        o.load(full, self.capacity());
         true
+    }
+
+    /// Magazines the stash of `c` may hold under its grant.
+    fn stash_capacity(&self, c: &ThreadCache) -> u32 {
+        (c.grant() / self.magazine_bytes).min(u32::MAX as usize) as u32
+    }
+
+    /// A refill from the depot after spills to it: the thread needed back what it gave
+    /// away, so its stash may keep that many magazines from now on, granted from the
+    /// process-wide budget (tcmalloc's per-thread caches grow the same way, on
+    /// demonstrated demand). A thread that only frees (a consumer) or only allocates (a
+    /// producer) never grows.
+    fn grow(&self, c: &ThreadCache) {
+        let spills = c.take_spills() as usize;
+        if spills == 0 {
+            return;
+        }
+        let room = self.max_grant.saturating_sub(c.grant()) / self.magazine_bytes;
+        let want = spills.min(room);
+        if want > 0 {
+            let got = cache::thread_cache_budget().reserve_up_to(want, self.magazine_bytes);
+            c.add_grant(got * self.magazine_bytes);
+        }
+    }
+
+    /// Gives the stash's grant back to the process-wide budget.
+    fn return_grant(bytes: usize) {
+        // Most caches never grow: leave the shared line alone for them (and, under loom,
+        // the budget is not reachable from the thread-local destructors at a model's end).
+        if bytes > 0 {
+            cache::thread_cache_budget().release(bytes);
+        }
     }
 
     /// Makes room in the loaded magazine: swap with a non-full previous, or exchange
@@ -287,24 +343,26 @@ impl Engine {
             o.swap(cap);
             return Some(Evictions::default());
         }
-        let empty = self.depot.take_empty()?;
-        Some(self.exchange(c, o, empty))
-    }
-
-    /// The depot exchange: `previous` goes to the depot (to the full stack if it holds
-    /// objects, else to the empty one), the loaded magazine becomes `previous`, and
-    /// `fresh` (owned by the caller) is loaded. Both slow paths end here, with one
-    /// magazine that can serve the next `capacity` operations and one that cannot.
-    fn exchange(&self, c: &ThreadCache, o: &mut Owned, fresh: &Magazine) -> Evictions {
+        // SAFETY: kept empties are descriptors of this engine's table.
+        let empty = match c.take_empty(|i| unsafe { self.depot.magazine(i) }) {
+            Some(m) => m,
+            None => self.depot.take_empty()?,
+        };
         let mut evictions = Evictions::default();
         if let Some(prev) = o.take_previous() {
-            // SAFETY: a descriptor of this engine's table.
-            evictions.push(self.put(c, unsafe { self.mag(prev) }));
+            // SAFETY: a descriptor of this engine's table, owned by the cache.
+            let prev = unsafe { self.mag(prev) };
+            if (c.stash_len() as usize + 1) * self.magazine_bytes <= c.grant() {
+                c.stash_push(prev);
+            } else {
+                c.note_spill();
+                evictions.push(self.put(c, prev));
+            }
         }
         let loaded = o.unload();
         o.set_previous(loaded);
-        o.load(fresh, self.capacity());
-        evictions
+        o.load(empty, self.capacity());
+        Some(evictions)
     }
 
     /// Depot-only allocation: one object from a full (one-object) magazine.
@@ -352,7 +410,32 @@ impl Engine {
             // SAFETY: a descriptor of this engine's table.
             evictions.push(self.put(c, unsafe { self.mag(mag) }));
         }
+        // SAFETY: the owner's own cache.
+        let stash = unsafe { ThreadCache::stash_take(c) };
+        self.put_chain(c, stash, &mut evictions);
+        self.drop_empties(c);
+        // SAFETY: as above.
+        Self::return_grant(unsafe { ThreadCache::take_grant(c) });
         evictions
+    }
+
+    /// Hands a stash chain (owned by the caller, from `c`) to the depot.
+    fn put_chain(&self, c: &ThreadCache, mut index: u32, evictions: &mut Evictions) {
+        while index != NIL {
+            // SAFETY: stash chains link descriptors of this engine's table.
+            let mag = unsafe { self.depot.magazine(index) };
+            index = mag.next.load(Ordering::Relaxed);
+            evictions.push(self.put(c, mag));
+        }
+    }
+
+    /// Hands the kept empty magazines of `c` to the depot (owner only).
+    fn drop_empties(&self, c: &ThreadCache) {
+        // SAFETY: kept empties are descriptors of this engine's table.
+        while let Some(m) = c.take_empty(|i| unsafe { self.depot.magazine(i) }) {
+            let evicted = self.put(c, m);
+            debug_assert!(evicted.is_none(), "an empty magazine is never evicted");
+        }
     }
 
     /// Hands `mag` (owned by `c`) to the depot and counts where it went; what the budget
@@ -387,7 +470,6 @@ impl Engine {
         evictions
             .0
             .into_iter()
-            .flatten()
             // SAFETY: evictions of this engine's depot.
             .map(|e| unsafe { self.depot.evict(e) })
             .sum()
@@ -445,7 +527,16 @@ impl Engine {
         // SAFETY: forwarded; nothing below runs user code.
         let o = unsafe { c.owned() };
         let mut evictions = Evictions::default();
-        if let Some(mag) = o.take_previous().or_else(|| o.unload()) {
+        // The stash and its grant go first, all at once: a thread idle for a period has
+        // no use for what it grew to.
+        // SAFETY: the owner's own cache.
+        let stash = unsafe { ThreadCache::stash_take(c) };
+        if stash != NIL || c.grant() > 0 {
+            self.put_chain(c, stash, &mut evictions);
+            self.drop_empties(c);
+            // SAFETY: as above.
+            Self::return_grant(unsafe { ThreadCache::take_grant(c) });
+        } else if let Some(mag) = o.take_previous().or_else(|| o.unload()) {
             // SAFETY: a descriptor of this engine's table.
             evictions.push(self.put(c, unsafe { self.mag(mag) }));
         }
@@ -492,18 +583,53 @@ impl Engine {
     /// dropped).
     pub(crate) unsafe fn shutdown(&self) {
         cache::uninstall(self);
+        let mut stashes = Vec::new();
         {
             let mut reg = sync::lock(&self.registry);
             self.alive.store(false, Ordering::Release);
             for c in reg.caches.drain(..) {
                 // SAFETY: registered caches stay allocated while the lock is held.
-                unsafe { ThreadCache::request_flush(c) };
+                unsafe {
+                    ThreadCache::request_flush(c);
+                    stashes.push(self.seize_stash(c));
+                }
             }
         }
         cache::announce_flush_requests();
-        let released = self.depot.trim();
+        let released = self.release_stashes(stashes) + self.depot.trim();
         crate::backing::release_to_os(released * self.backing().object_size());
         slots::release(self.slot);
+    }
+
+    /// An administrator takes the stash of a registered cache, and its grant (which it
+    /// gives back to the process-wide budget). Returns the chain, now the caller's.
+    ///
+    /// # Safety
+    /// `c` is registered with this engine and the registry lock is held.
+    unsafe fn seize_stash(&self, c: *const ThreadCache) -> u32 {
+        // SAFETY: forwarded; only atomic fields are touched.
+        unsafe {
+            Self::return_grant(ThreadCache::take_grant(c));
+            ThreadCache::stash_take(c)
+        }
+    }
+
+    /// Releases seized stash chains straight to the backing allocator (running
+    /// destructors, for a recycling allocator: call with no lock held). Returns the
+    /// number of objects released.
+    fn release_stashes(&self, chains: Vec<u32>) -> usize {
+        let mut evictions = Evictions::default();
+        for mut index in chains {
+            while index != NIL {
+                // SAFETY: seized chains link descriptors of this engine's table, owned
+                // by the caller.
+                let mag = unsafe { self.depot.magazine(index) };
+                index = mag.next.load(Ordering::Relaxed);
+                // SAFETY: as above.
+                evictions.push(Some(unsafe { self.depot.evict_all(mag) }));
+            }
+        }
+        self.release(evictions)
     }
 
     /// A snapshot of the counters.
@@ -554,6 +680,7 @@ impl Source for Engine {
     /// `trim_all`: asks every thread to flush its cache at its next slow path, and
     /// releases this thread's cache and the depot now.
     fn trim(&self) -> usize {
+        let mut stashes = Vec::new();
         {
             let reg = sync::lock(&self.registry);
             if !self.is_alive() {
@@ -561,10 +688,14 @@ impl Source for Engine {
             }
             for &c in &reg.caches {
                 // SAFETY: registered caches stay allocated while the lock is held.
-                unsafe { ThreadCache::request_flush(c) };
+                unsafe {
+                    ThreadCache::request_flush(c);
+                    stashes.push(self.seize_stash(c));
+                }
             }
         }
         cache::announce_flush_requests();
-        Engine::trim(self) * self.backing().object_size()
+        let released = self.release_stashes(stashes) + Engine::trim(self);
+        released * self.backing().object_size()
     }
 }

@@ -74,6 +74,28 @@ pub fn trim_all() -> usize {
     registry::trim_all()
 }
 
+/// Sets the process-wide thread-cache budget: the bytes by which all threads' caches,
+/// over all allocators, may grow beyond their first two magazines (default 32 MiB). A
+/// thread cache grows (see [`Config::thread_cache_growth_bytes`]) only with a grant from
+/// this budget, and gives its grant back when it goes idle, is flushed by [`trim_all`]
+/// (which takes other threads' grown parts at once) or exits, so what thread caches
+/// hold stays bounded whatever the number of threads. Lowering it takes effect as
+/// grants come back.
+///
+/// ```
+/// proxalloc::set_thread_cache_budget(8 << 20);
+/// assert_eq!(proxalloc::thread_cache_budget().1, 8 << 20);
+/// ```
+pub fn set_thread_cache_budget(bytes: usize) {
+    cache::thread_cache_budget().set_limit(bytes);
+}
+
+/// The process-wide thread-cache budget: `(bytes granted to thread caches now, limit)`.
+pub fn thread_cache_budget() -> (usize, usize) {
+    let b = cache::thread_cache_budget();
+    (b.used(), b.limit())
+}
+
 /// Internals for the `loom-tests` crate. Not API: present only under `--cfg proxalloc_loom`.
 #[cfg(proxalloc_loom)]
 #[doc(hidden)]

@@ -97,3 +97,34 @@ fn shutdown_races_thread_exit() {
         worker.join().unwrap();
     });
 }
+
+/// A thread that grew a stash (it spilled a magazine, then needed it back) pushes and
+/// pops it while `trim_all` takes the whole stash from another thread: nothing is lost
+/// or released twice, and the grant goes back to the process-wide budget.
+#[test]
+fn trim_all_takes_a_stash_while_its_owner_uses_it() {
+    loom::model(|| {
+        let a = Arc::new(allocator(1, 8));
+        let admin = Admin::of(&a);
+        let worker = {
+            let a = Arc::clone(&a);
+            thread::spawn(move || {
+                churn(&a, 3); // spills one magazine
+                churn(&a, 3); // refills it: the stash may hold one; the free fills it
+                churn(&a, 3); // pops the stash (unless the trimmer took it)
+                a.release_thread_cache();
+            })
+        };
+        admin.trim();
+        worker.join().unwrap();
+        let s = a.stats();
+        assert!(s.is_consistent(), "{s}");
+        assert_eq!((s.live, s.cached_in_threads), (0, 0), "{s}");
+        assert_eq!(proxalloc::thread_cache_budget().0, 0, "a grant was kept");
+        drop(admin);
+        let Ok(a) = Arc::try_unwrap(a) else {
+            panic!("a thread kept the allocator")
+        };
+        drop(a);
+    });
+}

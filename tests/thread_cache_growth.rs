@@ -1,0 +1,158 @@
+//! Adaptive thread caches: a thread that holds many objects at once grows a stash of
+//! full magazines (granted from the process-wide thread-cache budget) instead of going
+//! through the depot every magazine; the grant comes back when the thread is flushed,
+//! trimmed from another thread, goes idle or exits.
+//!
+//! The budget is process-wide, so these tests run one at a time under `SERIAL`.
+
+use std::sync::{mpsc, Mutex, MutexGuard};
+
+use proxalloc::{ClassAllocator, Config};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One round of a batch: `n` objects live at once, then all freed.
+fn batch(a: &ClassAllocator<[u64; 8]>, n: u64) {
+    let live: Vec<_> = (0..n).map(|i| a.alloc([i; 8])).collect();
+    for (i, x) in live.iter().enumerate() {
+        assert_eq!(x[0], i as u64);
+    }
+}
+
+#[test]
+fn a_batchy_thread_stops_going_to_the_depot() {
+    let _s = serial();
+    let a =
+        ClassAllocator::<[u64; 8]>::with_config("growth-batch", Config::new().magazine_size(16));
+    for _ in 0..3 {
+        batch(&a, 1024);
+    }
+    let warm = a.stats();
+    for _ in 0..20 {
+        batch(&a, 1024);
+    }
+    let s = a.stats();
+    assert_eq!(
+        s.refills, warm.refills,
+        "refilled from the depot after growing: {s}"
+    );
+    assert_eq!(
+        s.spills, warm.spills,
+        "spilled to the depot after growing: {s}"
+    );
+    assert!(s.is_consistent() && s.live == 0, "{s}");
+    let granted = proxalloc::thread_cache_budget().0;
+    assert!(
+        granted >= 60 * 16 * 64,
+        "the stash holds ~62 magazines: {granted}"
+    );
+    a.release_thread_cache();
+    assert_eq!(proxalloc::thread_cache_budget().0, 0, "the grant came back");
+}
+
+#[test]
+fn a_thread_without_budget_keeps_two_magazines() {
+    let _s = serial();
+    proxalloc::set_thread_cache_budget(0);
+    let a = ClassAllocator::<[u64; 8]>::with_config("growth-none", Config::new().magazine_size(16));
+    for _ in 0..5 {
+        batch(&a, 256);
+    }
+    let before = a.stats();
+    batch(&a, 256);
+    let s = a.stats();
+    assert!(
+        s.refills > before.refills,
+        "no budget: still through the depot: {s}"
+    );
+    assert_eq!(proxalloc::thread_cache_budget().0, 0);
+    proxalloc::set_thread_cache_budget(32 << 20);
+}
+
+#[test]
+fn growth_is_bounded_per_thread_by_the_config() {
+    let _s = serial();
+    let a = ClassAllocator::<[u64; 8]>::with_config(
+        "growth-capped",
+        Config::new()
+            .magazine_size(16)
+            .thread_cache_growth_bytes(4 * 16 * 64),
+    );
+    for _ in 0..5 {
+        batch(&a, 1024);
+    }
+    assert!(proxalloc::thread_cache_budget().0 <= 4 * 16 * 64);
+    let s = a.stats();
+    assert!(s.cached_in_threads <= (2 + 4) * 16 + 16, "{s}");
+    drop(a);
+    assert_eq!(
+        proxalloc::thread_cache_budget().0,
+        0,
+        "the drop took the grant back"
+    );
+}
+
+/// An idle thread's grown part is reclaimable from any thread at once: `trim_all` takes
+/// the stash (and its grant) without waiting for the owner.
+#[test]
+fn trim_all_takes_an_idle_threads_stash_at_once() {
+    static WIDE: ClassAllocator<[u64; 8]> =
+        ClassAllocator::with_config("growth-idle", Config::new().magazine_size(16));
+    let _s = serial();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let worker = std::thread::spawn(move || {
+        for _ in 0..4 {
+            batch(&WIDE, 1024);
+        }
+        ready_tx.send(()).unwrap();
+        done_rx.recv().unwrap(); // idle from here on: no slow path honours requests
+    });
+    ready_rx.recv().unwrap();
+    let before = WIDE.stats();
+    assert!(before.cached_in_threads >= 900, "{before}");
+    assert!(proxalloc::thread_cache_budget().0 > 0);
+    let released = proxalloc::trim_all();
+    let after = WIDE.stats();
+    assert!(
+        after.cached_in_threads <= 2 * 16,
+        "only the idle thread's two magazines stay: {after}"
+    );
+    assert!(released >= (before.cached_in_threads - 32) as usize * 64);
+    assert_eq!(proxalloc::thread_cache_budget().0, 0);
+    done_tx.send(()).unwrap();
+    worker.join().unwrap();
+    let s = WIDE.stats();
+    assert!(s.is_consistent() && s.live == 0, "{s}");
+}
+
+/// Thread exit gives the grant back.
+#[test]
+fn thread_exit_returns_the_grant() {
+    let _s = serial();
+    let a = ClassAllocator::<[u64; 8]>::with_config("growth-exit", Config::new().magazine_size(16));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..4 {
+                batch(&a, 512);
+            }
+            assert!(proxalloc::thread_cache_budget().0 > 0);
+        });
+    });
+    // Scoped threads are joined before their thread-locals are destroyed; wait for it.
+    let mut spins = 0;
+    while proxalloc::thread_cache_budget().0 != 0 {
+        spins += 1;
+        assert!(spins < 10_000, "the exiting thread kept its grant");
+        std::thread::yield_now();
+    }
+    let s = a.stats();
+    assert!(
+        s.is_consistent() && s.live == 0 && s.cached_in_threads == 0,
+        "{s}"
+    );
+}
