@@ -161,6 +161,7 @@ impl BlockSource {
     }
 
     /// A block of at least `size` bytes, or `None` if the system allocator fails.
+    #[must_use = "a block not given back with `BlockSource::free` leaks"]
     pub fn alloc(&self, size: usize) -> Option<RawBlock> {
         let size = Self::block_size(size);
         let ptr = match size {
@@ -176,6 +177,7 @@ impl BlockSource {
     /// A block of at least `size` bytes sized to fit (4 KiB grain) rather than to a
     /// class, from the large-block cache; `None` if the system allocator fails. Free it
     /// with [`free`](Self::free) like any other block.
+    #[must_use = "a block not given back with `BlockSource::free` leaks"]
     pub fn alloc_dedicated(&self, size: usize) -> Option<RawBlock> {
         let size = size.div_ceil(LARGE_GRAIN).saturating_mul(LARGE_GRAIN);
         if BLOCK_CLASSES.contains(&size) {

@@ -413,6 +413,7 @@ impl<T> ClassAllocator<T> {
     /// If the backing allocator fails (see [`try_alloc`](Self::try_alloc)), through
     /// [`std::alloc::handle_alloc_error`].
     #[inline(always)]
+    #[must_use = "dropping the handle frees the object at once"]
     pub fn alloc(&self, value: T) -> Pooled<'_, T> {
         self.try_alloc(value)
             .unwrap_or_else(|_| std::alloc::handle_alloc_error(Layout::new::<T>()))
@@ -423,6 +424,7 @@ impl<T> ClassAllocator<T> {
     ///
     /// If `init` panics, the memory goes back to the cache and the panic continues.
     #[inline(always)]
+    #[must_use = "dropping the handle frees the object at once"]
     pub fn alloc_with(&self, init: impl FnOnce() -> T) -> Pooled<'_, T> {
         match self.try_alloc_with(init) {
             Ok(h) => h,
@@ -433,6 +435,7 @@ impl<T> ClassAllocator<T> {
     /// Allocates an object holding `value`, or returns an error (dropping `value`) if the
     /// backing allocator fails.
     #[inline(always)]
+    #[must_use = "dropping the result frees the object at once"]
     pub fn try_alloc(&self, value: T) -> Result<Pooled<'_, T>, AllocError> {
         // Not through `try_alloc_with`: moving a large `value` into a closure and out
         // again costs extra copies. Built by the caller before the call, `value` still
@@ -455,6 +458,7 @@ impl<T> ClassAllocator<T> {
     /// assert_eq!(*name, "proxalloc");
     /// ```
     #[inline(always)]
+    #[must_use = "dropping the result frees the object at once"]
     pub fn try_alloc_with(&self, init: impl FnOnce() -> T) -> Result<Pooled<'_, T>, AllocError> {
         let slot = self.alloc_raw()?;
         // Returns the slot if `init` unwinds.
@@ -485,6 +489,7 @@ impl<T> ClassAllocator<T> {
     /// };
     /// assert_eq!(b[4095], 4095);
     /// ```
+    #[must_use = "dropping the handle frees the object at once"]
     pub unsafe fn alloc_in_place(&self, init: impl FnOnce(&mut MaybeUninit<T>)) -> Pooled<'_, T> {
         // SAFETY: forwarded.
         unsafe { self.try_alloc_in_place(init) }
@@ -504,6 +509,7 @@ impl<T> ClassAllocator<T> {
     /// let r = unsafe { huge.try_alloc_in_place(|_| unreachable!()) };
     /// assert_eq!(r.err(), Some(AllocError));
     /// ```
+    #[must_use = "dropping the result frees the object at once"]
     pub unsafe fn try_alloc_in_place(
         &self,
         init: impl FnOnce(&mut MaybeUninit<T>),
@@ -830,12 +836,14 @@ impl<'a, T> LocalCache<'a, T> {
 
     /// Allocates an object holding `value` (see [`ClassAllocator::alloc`]).
     #[inline]
+    #[must_use = "dropping the handle frees the object at once"]
     pub fn alloc(&self, value: T) -> Pooled<'a, T> {
         self.alloc_with(|| value)
     }
 
     /// Allocates an object constructed by `init` (see [`ClassAllocator::alloc_with`]).
     #[inline]
+    #[must_use = "dropping the handle frees the object at once"]
     pub fn alloc_with(&self, init: impl FnOnce() -> T) -> Pooled<'a, T> {
         let slot = match self.cache {
             // SAFETY: this thread's pinned cache, alive for the whole `with_local` call;

@@ -315,6 +315,7 @@ impl<'s> Pool<'s> {
 
     /// Allocates memory for `layout` (uninitialised), or an error if the source fails.
     #[inline]
+    #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
     pub fn try_alloc_layout(&self, layout: Layout) -> Result<NonNull<u8>, AllocError> {
         // A debug pool, and a pool without a block, have `cursor == end` at a non-null
         // sentinel, so everything but a zero-sized request takes the slow path.
@@ -336,6 +337,7 @@ impl<'s> Pool<'s> {
     /// # Panics
     /// Through [`std::alloc::handle_alloc_error`] if the source fails.
     #[inline]
+    #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
     pub fn alloc_layout(&self, layout: Layout) -> NonNull<u8> {
         self.try_alloc_layout(layout)
             .unwrap_or_else(|_| std::alloc::handle_alloc_error(layout))
@@ -473,6 +475,7 @@ impl<'s> Pool<'s> {
     /// [`alloc_owned`](Self::alloc_owned) for values whose destructor must run.
     #[inline]
     #[allow(clippy::mut_from_ref)]
+    #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
     pub fn alloc<T>(&self, value: T) -> &mut T {
         self.alloc_with(|| value)
     }
@@ -480,6 +483,7 @@ impl<'s> Pool<'s> {
     /// Allocates the value `init` returns, written straight into pool memory.
     #[inline]
     #[allow(clippy::mut_from_ref)]
+    #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
     pub fn alloc_with<T>(&self, init: impl FnOnce() -> T) -> &mut T {
         let p = self.alloc_layout(Layout::new::<T>()).cast::<T>();
         // SAFETY: fresh memory for one `T`, handed out once.
@@ -491,6 +495,7 @@ impl<'s> Pool<'s> {
 
     /// Allocates `value`, or returns it back with the error if the source fails.
     #[allow(clippy::mut_from_ref)]
+    #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
     pub fn try_alloc<T>(&self, value: T) -> Result<&mut T, (AllocError, T)> {
         match self.try_alloc_layout(Layout::new::<T>()) {
             // SAFETY: fresh memory for one `T`, handed out once.
@@ -590,6 +595,7 @@ impl<'s> Pool<'s> {
 
     /// Copies `s` into the pool.
     #[allow(clippy::mut_from_ref)]
+    #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
     pub fn alloc_str(&self, s: &str) -> &mut str {
         let bytes = self.alloc_slice_copy(s.as_bytes());
         // SAFETY: a copy of a `str`.
@@ -598,6 +604,7 @@ impl<'s> Pool<'s> {
 
     /// Copies `src` into the pool.
     #[allow(clippy::mut_from_ref)]
+    #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
     pub fn alloc_slice_copy<T: Copy>(&self, src: &[T]) -> &mut [T] {
         let layout = Layout::for_value(src);
         let p = self.alloc_layout(layout).cast::<T>();
@@ -611,6 +618,7 @@ impl<'s> Pool<'s> {
     /// Allocates `len` values made by `f(0)`, `f(1)`, ... (never dropped, like
     /// [`alloc`](Self::alloc)). If `f` panics, the values made so far are leaked.
     #[allow(clippy::mut_from_ref)]
+    #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
     pub fn alloc_slice_fill_with<T>(&self, len: usize, mut f: impl FnMut(usize) -> T) -> &mut [T] {
         let layout = Layout::array::<T>(len).expect("slice too large");
         let p = self.alloc_layout(layout).cast::<T>();
@@ -625,6 +633,7 @@ impl<'s> Pool<'s> {
     /// Formats `args` straight into pool memory (APR's `apr_psprintf`); see also the
     /// [`pformat!`](crate::pformat) macro.
     #[allow(clippy::mut_from_ref)]
+    #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
     pub fn alloc_fmt(&self, args: fmt::Arguments<'_>) -> &mut str {
         if let Some(s) = args.as_str() {
             return self.alloc_str(s);

@@ -168,6 +168,7 @@ impl<T: Recycle> RecyclingAllocator<T> {
     /// If the backing allocator fails (see [`try_get`](Self::try_get)); and if
     /// [`Recycle::create`] panics (the memory is returned first).
     #[inline]
+    #[must_use = "dropping the handle returns the object to the cache at once"]
     pub fn get(&self) -> Recycled<'_, T> {
         self.try_get()
             .unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<T>()))
@@ -175,6 +176,7 @@ impl<T: Recycle> RecyclingAllocator<T> {
 
     /// A recycled value, or a fresh one; an error if the backing allocator fails.
     #[inline]
+    #[must_use = "dropping the result returns the object to the cache at once"]
     pub fn try_get(&self) -> Result<Recycled<'_, T>, AllocError> {
         Ok(Recycled {
             ptr: self.inner.alloc_raw()?,

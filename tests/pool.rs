@@ -66,10 +66,10 @@ fn a_warm_pool_makes_no_system_allocation() {
         for _ in 0..if cfg!(miri) { 5 } else { 200 } {
             let mut pool = Pool::with_source(&src);
             for i in 0..2000u64 {
-                pool.alloc(i);
+                let _ = pool.alloc(i);
             }
             pool.clear();
-            pool.alloc_str("after clear");
+            let _ = pool.alloc_str("after clear");
         }
     };
     run();
@@ -86,16 +86,16 @@ fn a_warm_pool_makes_no_system_allocation() {
 fn retained_block_with_room_is_probed_before_the_source() {
     let src = BlockSource::new(1 << 20);
     let pool = Pool::with_source(&src);
-    pool.alloc_layout(Layout::from_size_align(100, 8).unwrap()); // first block: 8 KiB
-    pool.alloc_layout(Layout::from_size_align(9000, 8).unwrap()); // new 16 KiB block
+    let _ = pool.alloc_layout(Layout::from_size_align(100, 8).unwrap()); // first block: 8 KiB
+    let _ = pool.alloc_layout(Layout::from_size_align(9000, 8).unwrap()); // new 16 KiB block
     assert_eq!(pool.stats().blocks, 2);
     // The 16 KiB block is active with ~7 KiB free; the first block has ~8 KiB free.
-    pool.alloc_layout(Layout::from_size_align(7500, 8).unwrap());
+    let _ = pool.alloc_layout(Layout::from_size_align(7500, 8).unwrap());
     assert_eq!(pool.stats().blocks, 2, "the retained first block served it");
     // Left: ~500 bytes in the first block, ~7.3 KiB in the 16 KiB one.
-    pool.alloc_layout(Layout::from_size_align(7000, 8).unwrap());
+    let _ = pool.alloc_layout(Layout::from_size_align(7000, 8).unwrap());
     assert_eq!(pool.stats().blocks, 2, "the 16 KiB block, probed back");
-    pool.alloc_layout(Layout::from_size_align(2000, 8).unwrap());
+    let _ = pool.alloc_layout(Layout::from_size_align(2000, 8).unwrap());
     assert_eq!(pool.stats().blocks, 3, "nothing had room: a new block");
 }
 
@@ -103,7 +103,7 @@ fn retained_block_with_room_is_probed_before_the_source() {
 fn large_requests_get_their_own_block_returned_on_clear() {
     let src = BlockSource::new(0);
     let mut pool = Pool::with_source(&src);
-    pool.alloc(1u8);
+    let _ = pool.alloc(1u8);
     let big = pool.alloc_slice_fill_with(200_000, |i| i as u8);
     assert_eq!(big[199_999], (199_999 % 256) as u8);
     let st = pool.stats();
@@ -210,7 +210,7 @@ fn iterpool_reuses_its_block() {
     let src = BlockSource::new(1 << 20);
     let pool = Pool::with_source(&src);
     let mut it = pool.subpool();
-    it.alloc(0u8);
+    let _ = it.alloc(0u8);
     let before = backing_allocs(&src);
     for i in 0..if cfg!(miri) { 20 } else { 1000u64 } {
         it.clear();
@@ -306,7 +306,7 @@ fn max_free_is_honoured_exactly() {
             let pools: Vec<_> = (0..40)
                 .map(|_| {
                     let p = Pool::with_source(&src);
-                    p.alloc(1u8);
+                    let _ = p.alloc(1u8);
                     p
                 })
                 .collect();
@@ -348,9 +348,10 @@ fn pools_in_many_threads_return_every_block() {
                     assert!(v.iter().enumerate().all(|(i, &x)| x == i as u64 ^ t));
                     sub.clear();
                     drop(sub);
-                    pool.alloc_str(&"x".repeat((round % 100_000) as usize));
+                    let _ = pool.alloc_str(&"x".repeat((round % 100_000) as usize));
                     if round % 7 == 0 {
-                        pool.alloc_slice_fill_with(20_000, |i| i as u64); // a large block
+                        // A large block.
+                        let _ = pool.alloc_slice_fill_with(20_000, |i| i as u64);
                     }
                     if round % 3 == 0 {
                         // Dropped on another thread than the one that took its blocks.
