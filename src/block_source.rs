@@ -247,13 +247,13 @@ impl Drop for BlockSource {
     }
 }
 
+/// The layout of a large block that was allocated (so its size is known to fit one).
 fn large_layout(size: usize) -> Layout {
-    Layout::from_size_align(size, BLOCK_ALIGN).expect("block size overflows")
+    Layout::from_size_align(size, BLOCK_ALIGN).expect("an allocated block's layout")
 }
 
 impl Large {
     fn alloc(&self, size: usize) -> Option<RawBlock> {
-        self.allocs.add_shared(1);
         {
             let mut cache = sync::lock(&self.cache);
             // The smallest cached size that fits and is at most twice the request.
@@ -267,11 +267,16 @@ impl Large {
                 }
                 drop(cache);
                 self.uncache(s);
+                self.allocs.add_shared(1);
                 return Some(RawBlock { ptr, size: s });
             }
         }
+        // A size no layout can describe is a failed allocation, not a panic (and, like
+        // any failure, not counted).
+        let layout = Layout::from_size_align(size, BLOCK_ALIGN).ok()?;
         // SAFETY: non-zero size.
-        let ptr = NonNull::new(unsafe { sync::alloc(large_layout(size)) })?;
+        let ptr = NonNull::new(unsafe { sync::alloc(layout) })?;
+        self.allocs.add_shared(1);
         self.system_allocs.add_shared(1);
         Some(RawBlock { ptr, size })
     }

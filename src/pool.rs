@@ -372,7 +372,11 @@ impl<'s> Pool<'s> {
             }
         }
         let size = st.next_block.max(BlockSource::block_size(HEADER + need));
+        // The source may run user code (a recycled value's destructor, released by its
+        // thread cache's slow path), which may use this pool: no borrow of the state
+        // across the call.
         let block = self.source.alloc(size).ok_or(AllocError)?;
+        let st = self.st();
         let header = block.ptr.as_ptr().cast::<BlockHeader>();
         // SAFETY: a fresh block, large enough for its header.
         unsafe {
@@ -399,11 +403,12 @@ impl<'s> Pool<'s> {
 
     /// A block of its own for a request larger than the largest class.
     fn alloc_large(&self, layout: Layout, need: usize) -> Result<NonNull<u8>, AllocError> {
-        let st = self.st();
+        // Before borrowing the state: see `alloc_slow`.
         let block = self
             .source
-            .alloc_dedicated(HEADER + need)
+            .alloc_dedicated(HEADER.checked_add(need).ok_or(AllocError)?)
             .ok_or(AllocError)?;
+        let st = self.st();
         let header = block.ptr.as_ptr().cast::<BlockHeader>();
         let data = BlockHeader::data(header);
         let start = data.wrapping_add(data.addr().wrapping_neg() & (layout.align() - 1));
@@ -586,11 +591,11 @@ impl<'s> Pool<'s> {
         );
         // SAFETY: the key borrows this pool, so the node is live and registered here, and
         // a key is consumed once, so its closure is still there.
-        unsafe {
-            (*key.node).live = false;
-            ((*key.node).run)(key.node, false);
-        }
+        unsafe { (*key.node).live = false };
+        // Counted before the closure is dropped, which is user code that may panic.
         self.st().cleanup_count -= 1;
+        // SAFETY: as above.
+        unsafe { ((*key.node).run)(key.node, false) };
     }
 
     /// Copies `s` into the pool.
@@ -719,7 +724,13 @@ impl<'s> Pool<'s> {
                     st.cleanup_count -= 1;
                     let run = (*node).run;
                     if let Err(p) = catch_unwind(AssertUnwindSafe(|| run(node, true))) {
-                        first_panic.get_or_insert(p);
+                        // The first panic goes on once every cleanup has run; later
+                        // payloads are forgotten, not dropped: a payload whose own `Drop`
+                        // panics would unwind out of here and skip the other cleanups.
+                        match first_panic {
+                            None => first_panic = Some(p),
+                            Some(_) => std::mem::forget(p),
+                        }
                     }
                 }
             }
