@@ -29,6 +29,10 @@
 //! See `docs/design.md` in the repository for the layers, the ABA scheme and every
 //! memory ordering.
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// allocator-api2's `nightly` makes its `Allocator` the standard library's unstable one,
+// which `&Pool` then implements: that needs the feature gate here too.
+#![cfg_attr(feature = "nightly", feature(allocator_api))]
 #![cfg_attr(proxalloc_loom, allow(dead_code, unreachable_pub))]
 
 mod backing;
