@@ -59,7 +59,7 @@ impl Config {
     pub const DEFAULT_DEPOT_BYTES: usize = 2 << 20;
     /// Default bound on bytes of free objects one thread caches for one allocator in its
     /// loaded and previous magazines.
-    pub const DEFAULT_THREAD_CACHE_BYTES: usize = 256 << 10;
+    pub const DEFAULT_THREAD_CACHE_BYTES: usize = 16 << 10;
     /// Default bound on the bytes one thread's cache may grow by for one allocator (its
     /// stash of further full magazines), granted from the process-wide thread-cache
     /// budget (see [`set_thread_cache_budget`](crate::set_thread_cache_budget)).

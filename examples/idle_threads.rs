@@ -1,0 +1,172 @@
+//! A pool of many threads that each did a burst of work and went idle: what do their
+//! caches hold, and what can another thread get back?
+//!
+//! 256 threads each allocate 200 objects from each of four allocators (64 B, 512 B,
+//! 2 KiB, 8 KiB), free them, and block. The main thread reports RSS and the bytes that
+//! proxalloc caches (in threads, in depots, granted from the process-wide thread-cache
+//! budget), calls `trim_all`, reports again, then lets the threads exit. The same program
+//! runs with every object going to the system allocator (`--system`), in a fresh process.
+//!
+//! ```sh
+//! cargo run --release --example idle_threads            # both modes, a table
+//! cargo run --release --example idle_threads -- --one caches|system
+//! ```
+
+use std::process::Command;
+use std::sync::{Arc, Barrier};
+
+use proxalloc::{CacheMode, ClassAllocator, Config};
+
+const THREADS: usize = 256;
+const BURST: usize = 200;
+
+struct Four {
+    small: ClassAllocator<[u8; 64]>,
+    medium: ClassAllocator<[u8; 512]>,
+    large: ClassAllocator<[u8; 2048]>,
+    huge: ClassAllocator<[u8; 8192]>,
+}
+
+impl Four {
+    fn new(mode: CacheMode) -> Self {
+        let cfg = Config::new().mode(mode);
+        Four {
+            small: ClassAllocator::with_config("idle-64", cfg),
+            medium: ClassAllocator::with_config("idle-512", cfg),
+            large: ClassAllocator::with_config("idle-2K", cfg),
+            huge: ClassAllocator::with_config("idle-8K", cfg),
+        }
+    }
+
+    fn burst(&self) {
+        let a: Vec<_> = (0..BURST)
+            .map(|i| self.small.alloc([i as u8; 64]))
+            .collect();
+        let b: Vec<_> = (0..BURST)
+            .map(|i| self.medium.alloc([i as u8; 512]))
+            .collect();
+        let c: Vec<_> = (0..BURST)
+            .map(|i| self.large.alloc([i as u8; 2048]))
+            .collect();
+        let d: Vec<_> = (0..BURST)
+            .map(|i| self.huge.alloc([i as u8; 8192]))
+            .collect();
+        std::hint::black_box((&a, &b, &c, &d));
+    }
+
+    /// Bytes cached (threads, depots) over the four allocators, in KiB.
+    fn cached_kib(&self) -> (u64, u64) {
+        let rows = [
+            self.small.stats(),
+            self.medium.stats(),
+            self.large.stats(),
+            self.huge.stats(),
+        ];
+        let threads = rows
+            .iter()
+            .map(|s| s.cached_in_threads * s.object_size as u64)
+            .sum::<u64>();
+        let depots = rows
+            .iter()
+            .map(|s| s.cached_in_depot * s.object_size as u64)
+            .sum::<u64>();
+        (threads >> 10, depots >> 10)
+    }
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// One mode in this process: prints one line of `key=value` figures.
+fn run(mode: CacheMode) {
+    let four: &'static Four = Box::leak(Box::new(Four::new(mode)));
+    let start = rss_kib();
+    let idle = Arc::new(Barrier::new(THREADS + 1));
+    let exit = Arc::new(Barrier::new(THREADS + 1));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let (idle, exit) = (Arc::clone(&idle), Arc::clone(&exit));
+            std::thread::spawn(move || {
+                four.burst();
+                idle.wait();
+                exit.wait();
+            })
+        })
+        .collect();
+    idle.wait();
+    let (in_threads, in_depots) = four.cached_kib();
+    let granted = proxalloc::thread_cache_budget().0 >> 10;
+    let idle_rss = rss_kib();
+    let released = proxalloc::trim_all() >> 10;
+    let (in_threads_after, in_depots_after) = four.cached_kib();
+    let trimmed_rss = rss_kib();
+    exit.wait();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let (in_threads_exit, _) = four.cached_kib();
+    println!(
+        "start={start} idle_rss={idle_rss} in_threads={in_threads} in_depots={in_depots} \
+         granted={granted} released={released} trimmed_rss={trimmed_rss} \
+         in_threads_after={in_threads_after} in_depots_after={in_depots_after} \
+         exit_rss={} in_threads_exit={in_threads_exit}",
+        rss_kib()
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--one") {
+        match args.get(i + 1).map(String::as_str) {
+            Some("caches") => run(CacheMode::ThreadCaches),
+            Some("system") => run(CacheMode::Bypass),
+            other => panic!("--one caches|system, not {other:?}"),
+        }
+        return;
+    }
+    println!("{THREADS} threads, a burst of {BURST} objects each in 4 allocators (64 B to 8 KiB), then idle; KiB");
+    println!(
+        "{:<8} {:>9} {:>10} {:>11} {:>10} {:>8} {:>9} {:>12} {:>11} {:>9}",
+        "mode",
+        "idle RSS",
+        "in threads",
+        "in depots",
+        "granted",
+        "trim_all",
+        "RSS after",
+        "threads after",
+        "depots after",
+        "exit RSS"
+    );
+    for mode in ["caches", "system"] {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--one", mode])
+            .output()
+            .expect("run a mode");
+        let line = String::from_utf8_lossy(&out.stdout);
+        let get = |k: &str| -> String {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(&format!("{k}=")).map(str::to_owned))
+                .unwrap_or_default()
+        };
+        println!(
+            "{:<8} {:>9} {:>10} {:>11} {:>10} {:>8} {:>9} {:>12} {:>11} {:>9}",
+            mode,
+            get("idle_rss"),
+            get("in_threads"),
+            get("in_depots"),
+            get("granted"),
+            get("released"),
+            get("trimmed_rss"),
+            get("in_threads_after"),
+            get("in_depots_after"),
+            get("exit_rss"),
+        );
+    }
+}
