@@ -4,9 +4,13 @@
 //! ```sh
 //! cargo build --release --example pair_loop
 //! valgrind --tool=callgrind --callgrind-out-file=/dev/null target/release/examples/pair_loop 1000000
+//! valgrind --tool=callgrind --callgrind-out-file=/dev/null target/release/examples/pair_loop 1000000 owned
 //! ```
 //! (The total divided by the pair count, minus the start-up cost measured with 0 pairs,
-//! is the per-pair instruction count.)
+//! is the per-pair instruction count.) With `owned`, the pairs go through an
+//! `Arc<ClassAllocator>` and `Owned` handles instead of a `static` and `Pooled`.
+
+use std::sync::Arc;
 
 use proxalloc::ClassAllocator;
 
@@ -18,12 +22,26 @@ fn pair(i: u64) {
     std::hint::black_box(&*h);
 }
 
+#[inline(never)]
+fn owned_pair(a: &Arc<ClassAllocator<[u64; 8]>>, i: u64) {
+    let h = a.alloc_arc([i; 8]);
+    std::hint::black_box(&*h);
+}
+
 fn main() {
-    let n: u64 = std::env::args()
-        .nth(1)
+    let mut args = std::env::args().skip(1);
+    let n: u64 = args
+        .next()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10_000_000);
-    for i in 0..n {
-        pair(i);
+    if args.next().as_deref() == Some("owned") {
+        let a = Arc::new(ClassAllocator::new("pair-loop-owned"));
+        for i in 0..n {
+            owned_pair(&a, i);
+        }
+    } else {
+        for i in 0..n {
+            pair(i);
+        }
     }
 }

@@ -107,15 +107,6 @@ pub(crate) struct ThreadCache {
     owned: UnsafeCell<Owned>,
     /// What this cache did, bumped by its thread only.
     pub(crate) counters: Counters,
-    /// Set by `trim_all` or a dying allocator on another thread: the owner flushes the
-    /// cache at its next slow path. A hint (nothing is published through it), so it is a
-    /// std atomic even under loom.
-    flush_request: AtomicBool,
-    /// Live [`Pin`]s: while non-zero the cache must not be retired (owner only; a `Cell`
-    /// after the counters, so the fast paths' fields and counters share one line).
-    pins: Cell<u32>,
-    /// `allocs + frees` when the idle collector last looked at this cache (owner only).
-    gc_seen: Cell<u64>,
     /// The stash: full magazines beyond the loaded and previous ones, a stack of
     /// magazine indices linked through their `next` fields, with its length, packed as
     /// `(len << 32) | top`. Only the owner pushes and pops; any thread may take the whole
@@ -127,12 +118,22 @@ pub(crate) struct ThreadCache {
     /// (owner grows it; owner or administrator gives it back).
     grant: AtomicUsize,
     /// Empty magazines kept for the stash's next fills (owner only), linked through
-    /// `next`, and how many.
+    /// `next`.
     empties: Cell<*const Magazine>,
+    /// `allocs + frees` (truncated) when the idle collector last looked at this cache
+    /// (owner only).
+    gc_seen: Cell<u32>,
+    /// Live [`Pin`]s: while non-zero the cache must not be retired (owner only).
+    pins: Cell<u32>,
+    /// How many empties are kept (owner only).
     empty_count: Cell<u32>,
     /// Magazines spilled to the depot since the last refill from it (owner only): the
     /// demand that was not kept, which the next refill grants the stash room for.
-    spills_since_refill: Cell<u32>,
+    spills_since_refill: Cell<u16>,
+    /// Set by `trim_all` or a dying allocator on another thread: the owner flushes the
+    /// cache at its next slow path. A hint (nothing is published through it), so it is a
+    /// std atomic even under loom.
+    flush_request: AtomicBool,
 }
 
 /// Packs a stash head.
@@ -385,7 +386,7 @@ impl ThreadCache {
     }
 
     /// The spills since the last refill, resetting the count (owner only).
-    pub(crate) fn take_spills(&self) -> u32 {
+    pub(crate) fn take_spills(&self) -> u16 {
         self.spills_since_refill.replace(0)
     }
 
@@ -809,7 +810,7 @@ impl Table {
                         let evictions = engine.flush(c);
                         garbage.push(engine.clone(), evictions);
                     } else if idle_pass {
-                        let ops = c.counters.allocs.get() + c.counters.frees.get();
+                        let ops = (c.counters.allocs.get() + c.counters.frees.get()) as u32;
                         if ops == c.gc_seen.get() {
                             let evictions = engine.release_idle_magazine(c);
                             garbage.push(engine.clone(), evictions);

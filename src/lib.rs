@@ -45,6 +45,7 @@ mod debug;
 mod depot;
 mod engine;
 mod magazine;
+mod owned;
 mod pool;
 mod recycle;
 mod registry;
@@ -55,6 +56,7 @@ pub use block_source::{BlockSource, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES, DEFAUL
 pub use class::{AllocError, ClassAllocator, LocalCache, Pooled};
 pub use config::{CacheMode, Config, BYPASS_ENV, MAX_MAGAZINE_SIZE};
 pub use debug::POISON;
+pub use owned::Owned;
 pub use pool::{CleanupKey, Pool, PoolStats, PoolVec, PoolWriter, SubPool};
 pub use recycle::{Recycle, Recycled, RecyclingAllocator};
 pub use stats::Stats;

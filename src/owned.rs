@@ -1,0 +1,150 @@
+//! Owned, `'static` handles for allocators built at run time: [`Owned<T>`] keeps its
+//! allocator alive through an `Arc`, so it can move into `tokio::spawn` or a long-lived
+//! struct.
+//!
+//! A handle from a `static` allocator (`Pooled<'static, T>`) is already `'static` and
+//! costs nothing extra; `Owned` is for allocators that are values. Its price is the
+//! `Arc`: one reference-count increment when the object is allocated and one decrement
+//! when it is freed (atomic read-modify-writes on the allocator's `Arc`, shared by every
+//! thread that uses it), on top of the pair's fast paths.
+
+use std::fmt;
+use std::mem::ManuallyDrop;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::class::{AllocError, ClassAllocator, Pooled};
+
+/// An object owned through an `Arc` of its [`ClassAllocator`]: `'static`, `Send` when `T`
+/// is, and dropping it runs `T`'s destructor and recycles the memory into the dropping
+/// thread's cache, like [`Pooled`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use proxalloc::{ClassAllocator, Owned};
+///
+/// let requests = Arc::new(ClassAllocator::<String>::new("requests"));
+/// let r: Owned<String> = requests.alloc_arc("GET /".to_string());
+/// let worker = std::thread::spawn(move || r.len()); // moves with its allocator
+/// assert_eq!(worker.join().unwrap(), 5);
+/// assert_eq!(requests.stats().live, 0);
+/// ```
+///
+/// Like `Pooled`, it is `Send` only when `T` is:
+///
+/// ```compile_fail
+/// use std::{rc::Rc, sync::Arc};
+/// use proxalloc::ClassAllocator;
+/// let rcs = Arc::new(ClassAllocator::<Rc<u8>>::new("rcs"));
+/// let h = rcs.alloc_arc(Rc::new(1));
+/// std::thread::spawn(move || drop(h)); // error: `Rc<u8>` cannot be sent between threads
+/// ```
+pub struct Owned<T> {
+    ptr: NonNull<T>,
+    alloc: Arc<ClassAllocator<T>>,
+}
+
+// SAFETY: the handle owns its `T` exclusively (like `Box<T>`), and the allocator is
+// `Send + Sync` for every `T` (it holds raw memory only).
+unsafe impl<T: Send> Send for Owned<T> {}
+// SAFETY: `&Owned<T>` only gives out `&T`.
+unsafe impl<T: Sync> Sync for Owned<T> {}
+
+impl<T> ClassAllocator<T> {
+    /// Allocates an object holding `value`, owned through a clone of this `Arc` (see
+    /// [`Owned`]).
+    ///
+    /// # Panics
+    /// If the backing allocator fails, through [`std::alloc::handle_alloc_error`].
+    #[inline]
+    #[must_use = "dropping the handle frees the object at once"]
+    pub fn alloc_arc(self: &Arc<Self>, value: T) -> Owned<T> {
+        let ptr = Pooled::into_raw(self.alloc(value));
+        Owned {
+            ptr,
+            alloc: Arc::clone(self),
+        }
+    }
+
+    /// Like [`alloc_arc`](Self::alloc_arc), but returns an error (dropping `value`) if
+    /// the backing allocator fails.
+    #[inline]
+    #[must_use = "dropping the result frees the object at once"]
+    pub fn try_alloc_arc(self: &Arc<Self>, value: T) -> Result<Owned<T>, AllocError> {
+        let ptr = Pooled::into_raw(self.try_alloc(value)?);
+        Ok(Owned {
+            ptr,
+            alloc: Arc::clone(self),
+        })
+    }
+}
+
+impl<T> Owned<T> {
+    /// The allocator this object came from.
+    pub fn allocator(this: &Self) -> &Arc<ClassAllocator<T>> {
+        &this.alloc
+    }
+
+    /// Moves the value out and recycles the memory.
+    pub fn into_inner(this: Self) -> T {
+        let this = ManuallyDrop::new(this);
+        // SAFETY: the handle owns an initialised object of `alloc`; the handle is given
+        // up here, and the allocator reference lives until the end of this call.
+        let value = Pooled::into_inner(unsafe { Pooled::from_raw(&this.alloc, this.ptr) });
+        // SAFETY: read once: the handle is never used or dropped again.
+        drop(unsafe { std::ptr::read(&this.alloc) });
+        value
+    }
+}
+
+impl<T> Drop for Owned<T> {
+    #[inline]
+    fn drop(&mut self) {
+        // SAFETY: the handle owns an initialised object of `alloc`, dropped and
+        // recycled exactly once here; the `Arc` field drops after, so the allocator
+        // outlives the free.
+        drop(unsafe { Pooled::from_raw(&*self.alloc, self.ptr) });
+    }
+}
+
+impl<T> Deref for Owned<T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
+        // SAFETY: the handle owns an initialised value.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl<T> DerefMut for Owned<T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the handle owns an initialised value, exclusively.
+        unsafe { self.ptr.as_mut() }
+    }
+}
+
+impl<T> AsRef<T> for Owned<T> {
+    fn as_ref(&self) -> &T {
+        self
+    }
+}
+
+impl<T> AsMut<T> for Owned<T> {
+    fn as_mut(&mut self) -> &mut T {
+        self
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Owned<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl<T: fmt::Display> fmt::Display for Owned<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&**self, f)
+    }
+}
