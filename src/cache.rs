@@ -123,10 +123,14 @@ pub(crate) struct ThreadCache {
     /// `allocs + frees` (truncated) when the idle collector last looked at this cache
     /// (owner only).
     gc_seen: Cell<u32>,
+    /// Permits to have objects live, drawn from a capped allocator's shared count (see
+    /// `Config::max_live`); the owner takes and returns them, a refused thread takes
+    /// them all back (both with read-modify-writes, so none is lost).
+    credits: std::sync::atomic::AtomicU32,
     /// Live [`Pin`]s: while non-zero the cache must not be retired (owner only).
-    pins: Cell<u32>,
+    pins: Cell<u16>,
     /// How many empties are kept (owner only).
-    empty_count: Cell<u32>,
+    empty_count: Cell<u16>,
     /// Magazines spilled to the depot since the last refill from it (owner only): the
     /// demand that was not kept, which the next refill grants the stash room for.
     spills_since_refill: Cell<u16>,
@@ -191,6 +195,7 @@ impl ThreadCache {
             counters: Counters::new(),
             flush_request: AtomicBool::new(false),
             pins: Cell::new(0),
+            credits: std::sync::atomic::AtomicU32::new(0),
             gc_seen: Cell::new(0),
             stash,
             grant,
@@ -260,11 +265,42 @@ impl ThreadCache {
         self.counters.reset();
         self.flush_request.store(false, Ordering::Relaxed);
         self.pins.set(0);
+        self.credits.store(0, Ordering::Relaxed);
         self.gc_seen.set(0);
         debug_assert_eq!(stash_parts(self.stash.load(Ordering::Relaxed)).1, NIL);
         debug_assert_eq!(self.grant.load(Ordering::Relaxed), 0);
         debug_assert!(self.empties.get().is_null());
         self.spills_since_refill.set(0);
+    }
+
+    /// Takes one permit (owner); false when it holds none.
+    pub(crate) fn take_credit(&self) -> bool {
+        self.credits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Adds `n` permits (owner); returns how many it then holds.
+    pub(crate) fn add_credits(&self, n: u32) -> u32 {
+        self.credits.fetch_add(n, Ordering::Relaxed) + n
+    }
+
+    /// Takes `n` permits back if it holds at least that many (owner).
+    pub(crate) fn give_back_credits(&self, n: u32) -> bool {
+        self.credits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |have| {
+                have.checked_sub(n)
+            })
+            .is_ok()
+    }
+
+    /// Takes every permit (any thread).
+    ///
+    /// # Safety
+    /// As for [`counters`](Self::counters).
+    pub(crate) unsafe fn seize_credits(this: *const ThreadCache) -> u32 {
+        // SAFETY: per the contract; only the atomic field is borrowed.
+        unsafe { (*ptr::addr_of!((*this).credits)).swap(0, Ordering::Relaxed) }
     }
 
     /// Magazines in the stash now.
@@ -350,7 +386,7 @@ impl ThreadCache {
 
     /// Keeps an empty magazine for later (owner only); false when `limit` are kept.
     pub(crate) fn keep_empty(&self, mag: &Magazine, limit: u32) -> bool {
-        if self.empty_count.get() >= limit {
+        if u32::from(self.empty_count.get()) >= limit || self.empty_count.get() == u16::MAX {
             return false;
         }
         let next = self.empties.get();
@@ -524,7 +560,12 @@ impl Pin {
     /// `cache` is this thread's cache, and no reference from its `owned` is live.
     pub(crate) unsafe fn new(cache: *const ThreadCache) -> Self {
         // SAFETY: per the contract.
-        unsafe { (*cache).pins.set((*cache).pins.get() + 1) };
+        unsafe {
+            let pins = (*cache).pins.get().checked_add(1);
+            (*cache)
+                .pins
+                .set(pins.expect("proxalloc: with_local nested 65535 deep"));
+        }
         Pin(cache)
     }
 }

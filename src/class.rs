@@ -209,7 +209,11 @@ impl<T> ClassAllocator<T> {
                 // SAFETY: just published; lives until this allocator is dropped.
                 let e = unsafe { &*fresh };
                 self.slot_hint.store(e.slot(), Ordering::Relaxed);
-                self.instance_hint.store(e.instance(), Ordering::Relaxed);
+                // A capped allocator keeps its instance hint unset, so its fast paths
+                // never match and every operation counts its permit on the slow path.
+                if !self.capped() {
+                    self.instance_hint.store(e.instance(), Ordering::Relaxed);
+                }
                 let engine: Arc<Engine> = Arc::clone(&self.engine_arc());
                 crate::registry::register(&(engine as Arc<dyn crate::registry::Source>));
                 fresh
@@ -257,6 +261,9 @@ impl<T> ClassAllocator<T> {
     #[cfg(proxalloc_loom)]
     #[inline(always)]
     fn lookup_fast(&self) -> Option<*const ThreadCache> {
+        if self.capped() {
+            return None;
+        }
         cache::lookup_fast(self.engine.slot(), self.engine.instance())
     }
 
@@ -306,6 +313,11 @@ impl<T> ClassAllocator<T> {
     #[cold]
     #[inline(never)]
     fn alloc_raw_slow(&self) -> Result<NonNull<T>, AllocError> {
+        if self.capped() {
+            let p = self.alloc_capped().ok_or(AllocError)?;
+            self.on_alloc(p);
+            return Ok(p.cast());
+        }
         let p = match self.lookup() {
             // SAFETY: this thread's own cache; nothing borrows its owner part here.
             Lookup::Cache(c) => unsafe { self.engine().alloc_from(&*c) },
@@ -314,6 +326,66 @@ impl<T> ClassAllocator<T> {
         let p = p.ok_or(AllocError)?;
         self.on_alloc(p);
         Ok(p.cast())
+    }
+
+    /// Whether `Config::max_live` caps this allocator.
+    #[inline(always)]
+    fn capped(&self) -> bool {
+        self.config.max_live != usize::MAX
+    }
+
+    /// This thread's cache, registering one if it has none (`None` without thread-local
+    /// storage). Registration may run user code, so callers use the result right away.
+    fn cache_or_register(&self, e: &Arc<Engine>) -> Option<*const ThreadCache> {
+        if let Lookup::Unregistered = cache::lookup(e.slot(), e.instance()) {
+            Engine::register(e);
+        }
+        match cache::lookup(e.slot(), e.instance()) {
+            Lookup::Cache(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// A capped allocator's allocation: a permit, then the object.
+    #[cold]
+    #[inline(never)]
+    fn alloc_capped(&self) -> Option<NonNull<u8>> {
+        let e = self.engine_arc();
+        // SAFETY: this thread's own cache; nothing borrows its owner part here.
+        let c = self.cache_or_register(&e).map(|c| unsafe { &*c });
+        if !e.take_credit(c) {
+            return None;
+        }
+        let p = match c {
+            // SAFETY: as above.
+            Some(c) => unsafe { e.alloc_from(c) },
+            None => e.alloc_backing(),
+        };
+        if p.is_none() {
+            // The slow path may have run user code: the permit goes to the shared count.
+            e.return_credit(None);
+        }
+        p
+    }
+
+    /// A capped allocator's free: the permit back first (the value is gone), then the
+    /// memory.
+    ///
+    /// # Safety
+    /// As for `free_raw`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_capped(&self, p: NonNull<u8>) {
+        let e = self.engine_arc();
+        // SAFETY: this thread's own cache; nothing borrows its owner part here.
+        let c = self.cache_or_register(&e).map(|c| unsafe { &*c });
+        e.return_credit(c);
+        match c {
+            // SAFETY: `p` as the caller promised.
+            Some(c) => unsafe { e.free_into(c, p) },
+            // SAFETY: as above.
+            None => unsafe { e.free_backing(p) },
+        }
     }
 
     /// Misuse detection: records an object handed out (compiled out of release builds
@@ -382,6 +454,10 @@ impl<T> ClassAllocator<T> {
     #[cold]
     #[inline(never)]
     unsafe fn free_raw_slow(&self, p: NonNull<u8>) {
+        if self.capped() {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.free_capped(p) };
+        }
         match self.lookup() {
             // SAFETY: this thread's own cache, nothing borrows its owner part here; `p`
             // as the caller promised.
@@ -845,6 +921,9 @@ impl<'a, T> LocalCache<'a, T> {
     #[inline]
     #[must_use = "dropping the handle frees the object at once"]
     pub fn alloc_with(&self, init: impl FnOnce() -> T) -> Pooled<'a, T> {
+        if self.alloc.capped() {
+            return self.alloc.alloc_with(init);
+        }
         let slot = match self.cache {
             // SAFETY: this thread's pinned cache, alive for the whole `with_local` call;
             // nothing borrows its owner part between calls into the allocator.
@@ -877,6 +956,9 @@ impl<'a, T> LocalCache<'a, T> {
             self.alloc.name,
             object.alloc.name,
         );
+        if self.alloc.capped() {
+            return drop(object);
+        }
         let ptr = Pooled::into_raw(object);
         let guard = SlotGuard {
             alloc: self.alloc,

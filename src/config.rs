@@ -45,6 +45,7 @@ pub struct Config {
     pub(crate) depot_bytes: usize,
     pub(crate) thread_cache_bytes: usize,
     pub(crate) thread_cache_growth_bytes: usize,
+    pub(crate) max_live: usize,
     pub(crate) mode: CacheMode,
     pub(crate) generation_bits: u32,
 }
@@ -73,6 +74,7 @@ impl Config {
             depot_bytes: Self::DEFAULT_DEPOT_BYTES,
             thread_cache_bytes: Self::DEFAULT_THREAD_CACHE_BYTES,
             thread_cache_growth_bytes: Self::DEFAULT_THREAD_CACHE_GROWTH_BYTES,
+            max_live: usize::MAX,
             mode: CacheMode::ThreadCaches,
             generation_bits: crate::depot::MAX_GENERATION_BITS,
         }
@@ -116,6 +118,30 @@ impl Config {
     /// `trim_all`, or exits; `0` keeps every thread at two magazines.
     pub const fn thread_cache_growth_bytes(mut self, bytes: usize) -> Self {
         self.thread_cache_growth_bytes = bytes;
+        self
+    }
+
+    /// A cap on live objects: once `n` objects of the allocator are in users' hands,
+    /// `try_alloc` returns [`AllocError`](crate::AllocError) (and `alloc` fails like an
+    /// allocation failure) until one is freed. Exact across threads: each thread draws
+    /// permits in small batches from a shared count, and a thread about to be refused
+    /// first takes back the permits other threads hold.
+    ///
+    /// The price: a capped allocator's every allocation and free takes the slow path
+    /// (a few nanoseconds more; no atomics on the uncapped allocators' fast paths).
+    ///
+    /// ```
+    /// use proxalloc::{AllocError, ClassAllocator, Config};
+    /// let conns = ClassAllocator::<[u8; 256]>::with_config("conns", Config::new().max_live(2));
+    /// let a = conns.alloc([0; 256]);
+    /// let b = conns.alloc([1; 256]);
+    /// assert_eq!(conns.try_alloc([2; 256]).err(), Some(AllocError));
+    /// drop(a);
+    /// assert!(conns.try_alloc([2; 256]).is_ok());
+    /// # drop(b);
+    /// ```
+    pub const fn max_live(mut self, n: usize) -> Self {
+        self.max_live = n;
         self
     }
 

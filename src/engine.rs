@@ -35,7 +35,7 @@ use crate::depot::{Depot, Eviction, Put};
 use crate::magazine::{self, Magazine, NIL};
 use crate::registry::Source;
 use crate::stats::Stats;
-use crate::sync::{self, Arc, AtomicBool, Mutex, Ordering};
+use crate::sync::{self, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
 
 /// Thread caches of one engine.
 #[derive(Debug)]
@@ -81,6 +81,11 @@ pub(crate) struct Engine {
     magazine_bytes: usize,
     /// Most bytes one thread's stash may be granted.
     max_grant: usize,
+    /// Permits to have objects live not held by any thread (`Config::max_live`; unused
+    /// when uncapped).
+    available: AtomicUsize,
+    /// Permits a thread draws at once, and gives back past twice as many.
+    credit_batch: u32,
 }
 
 impl Engine {
@@ -119,6 +124,9 @@ impl Engine {
                 CacheMode::ThreadCaches => config.thread_cache_growth_bytes,
                 CacheMode::DepotOnly | CacheMode::Bypass => 0,
             },
+            available: AtomicUsize::new(config.max_live),
+            credit_batch: (config.max_live / 16).clamp(1, capacity.min(u32::MAX as usize / 4))
+                as u32,
         }
     }
 
@@ -480,6 +488,57 @@ impl Engine {
         sync::lock(&self.registry).caches.push(cache);
     }
 
+    /// A permit to hand out one object of a capped allocator, for this thread (`c`, its
+    /// cache, or `None` without one): from the cache's own permits, else a batch drawn
+    /// from the shared count, else, once, every permit other threads hold (so a refusal
+    /// means that `max_live` objects really are live). False: refused.
+    pub(crate) fn take_credit(&self, c: Option<&ThreadCache>) -> bool {
+        if c.is_some_and(ThreadCache::take_credit) {
+            return true;
+        }
+        for attempt in 0..2 {
+            let batch = c.map_or(1, |_| self.credit_batch as usize);
+            let drawn = self
+                .available
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| {
+                    a.checked_sub(a.min(batch)).filter(|_| a > 0)
+                });
+            if let Ok(before) = drawn {
+                let got = before.min(batch);
+                if let Some(c) = c {
+                    c.add_credits(got as u32 - 1);
+                }
+                return true;
+            }
+            if attempt == 0 {
+                let reg = sync::lock(&self.registry);
+                for &other in &reg.caches {
+                    // SAFETY: registered caches stay allocated while the lock is held.
+                    let n = unsafe { ThreadCache::seize_credits(other) };
+                    self.available.fetch_add(n as usize, Ordering::Relaxed);
+                }
+                // This thread's own permits were taken too: it draws below like anyone.
+            }
+        }
+        false
+    }
+
+    /// Gives back the permit of an object being freed (to `c`, this thread's cache, or
+    /// to the shared count); a cache holding more than two batches returns one.
+    pub(crate) fn return_credit(&self, c: Option<&ThreadCache>) {
+        let batch = self.credit_batch;
+        match c {
+            Some(c) => {
+                if c.add_credits(1) > 2 * batch && c.give_back_credits(batch) {
+                    self.available.fetch_add(batch as usize, Ordering::Relaxed);
+                }
+            }
+            None => {
+                self.available.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Creates and registers a cache for this thread (if thread-local storage is still
     /// there); callers look it up afterwards.
     #[cold]
@@ -515,6 +574,10 @@ impl Engine {
             reg.caches.swap_remove(pos);
             self.retired.add_shared(&c.counters);
         }
+        // SAFETY: this thread's own cache.
+        let credits = unsafe { ThreadCache::seize_credits(c) };
+        self.available
+            .fetch_add(credits as usize, Ordering::Relaxed);
         evictions
     }
 
