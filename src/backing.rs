@@ -8,27 +8,113 @@
 //! For a recycling allocator ([`RecyclingAllocator`](crate::RecyclingAllocator)) cached
 //! objects are live values: the backing then constructs each object it hands out and
 //! destroys each one it takes back, through [`ObjectHooks`].
+//!
+//! A pool [`BlockSource`](crate::BlockSource) built with a user's [`BlockAllocator`]
+//! passes it down through the same hooks, and its classes' backings then take memory from
+//! it instead of the global allocator. Without one, nothing changes on the default path
+//! but a test of a field that is `None`, on the way to the global allocator.
 
 use std::alloc::Layout;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 
+use crate::block_source::BlockAllocator;
 use crate::sync::{self, StatCounter};
 
 /// Type-erased construction and destruction of the objects of a recycling allocator.
 #[derive(Clone, Copy, Debug)]
-pub struct ObjectHooks {
+pub struct ValueHooks {
     /// Writes a fresh object into uninitialised memory.
     pub construct: unsafe fn(*mut u8),
     /// Drops the object in place.
     pub destroy: unsafe fn(*mut u8),
 }
 
+/// What a backing does besides taking plain memory from the global allocator: build and
+/// drop values (a recycling allocator), and/or take memory from a user's block allocator
+/// (a pool block source's classes).
+#[derive(Clone, Copy, Debug)]
+pub struct ObjectHooks {
+    /// Construction and destruction of the objects, if they are live values.
+    pub values: Option<ValueHooks>,
+    /// Where memory comes from instead of the global allocator.
+    pub memory: Option<MemoryHook>,
+}
+
+/// A user's block allocator as [`ObjectHooks`] carry it (they are `Copy`, and built in
+/// `const` contexts): a pointer to an `Arc` that a [`MemoryOwner`] keeps in place. Each
+/// [`Backing`] built with it clones the `Arc`, so it lives as long as they do.
+#[derive(Clone, Copy)]
+pub struct MemoryHook(NonNull<std::sync::Arc<dyn BlockAllocator>>);
+
+/// Keeps a user's block allocator at a fixed address for [`MemoryHook`]s: a leaked box,
+/// taken back on drop. (Not a `Box` field: moving a `Box` asserts unique access to what
+/// it points to, which would invalidate the hooks' pointers.)
+pub struct MemoryOwner(NonNull<std::sync::Arc<dyn BlockAllocator>>);
+
+// SAFETY: it owns an `Arc<dyn BlockAllocator>`, which is `Send + Sync`.
+unsafe impl Send for MemoryOwner {}
+// SAFETY: as above.
+unsafe impl Sync for MemoryOwner {}
+
+impl MemoryOwner {
+    /// Keeps `allocator` in place until dropped.
+    pub fn new(allocator: std::sync::Arc<dyn BlockAllocator>) -> Self {
+        MemoryOwner(NonNull::from(Box::leak(Box::new(allocator))))
+    }
+
+    /// A hook for the allocator.
+    ///
+    /// # Safety
+    /// No [`Backing::new`] is given the hook after this owner is dropped (its owner
+    /// keeps it next to the allocators that carry the hook, and drops it after them).
+    pub unsafe fn hook(&self) -> MemoryHook {
+        MemoryHook(self.0)
+    }
+
+    /// The allocator.
+    pub fn get(&self) -> &std::sync::Arc<dyn BlockAllocator> {
+        // SAFETY: owned by `self`, only ever shared.
+        unsafe { self.0.as_ref() }
+    }
+}
+
+impl Drop for MemoryOwner {
+    fn drop(&mut self) {
+        // SAFETY: leaked in `new`; the hooks that point here are no longer used (the
+        // contract of `hook`).
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
+}
+
+// SAFETY: it stands for a shared reference to an `Arc<dyn BlockAllocator>`, which is
+// `Send + Sync` (the trait requires both).
+unsafe impl Send for MemoryHook {}
+// SAFETY: as above.
+unsafe impl Sync for MemoryHook {}
+
+impl std::fmt::Debug for MemoryHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MemoryHook")
+    }
+}
+
+/// A user's block allocator, owned by a backing.
+struct UserMemory(std::sync::Arc<dyn BlockAllocator>);
+
+impl std::fmt::Debug for UserMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UserMemory")
+    }
+}
+
 /// The backing allocator for objects of one layout, with counts of what it handed out.
 #[derive(Debug)]
 pub struct Backing {
     layout: Layout,
-    hooks: Option<ObjectHooks>,
+    hooks: Option<ValueHooks>,
+    /// `None` (the global allocator) unless a user supplied the memory.
+    memory: Option<UserMemory>,
     allocs: StatCounter,
     frees: StatCounter,
 }
@@ -49,18 +135,26 @@ impl Backing {
     pub fn new(layout: Layout, hooks: Option<ObjectHooks>) -> Self {
         Backing {
             layout,
-            hooks,
+            hooks: hooks.and_then(|h| h.values),
+            // SAFETY: per `MemoryOwner::hook`, the `Arc` is alive and in place while the
+            // hooks are in use, as they are now.
+            memory: hooks
+                .and_then(|h| h.memory)
+                .map(|m| UserMemory(unsafe { m.0.as_ref() }.clone())),
             allocs: StatCounter::new(),
             frees: StatCounter::new(),
         }
     }
 
     /// One object's memory (constructed, with hooks), or `None` when the global
-    /// allocator fails. If construction panics, the memory is freed and the panic goes on.
+    /// allocator (or the user's block allocator) fails. If construction (or the user's
+    /// block allocator) panics, the memory is freed and the panic goes on.
     pub fn alloc(&self) -> Option<NonNull<u8>> {
         let p = if self.layout.size() == 0 {
             // Zero-sized objects need no memory, only a well-aligned non-null address.
             NonNull::new(std::ptr::without_provenance_mut(self.layout.align()))
+        } else if let Some(UserMemory(m)) = &self.memory {
+            m.alloc_block(self.layout)
         } else {
             // SAFETY: the layout has a non-zero size.
             NonNull::new(unsafe { sync::alloc(self.layout) })
@@ -81,8 +175,12 @@ impl Backing {
     /// `p` came from `alloc` on this backing (or its memory part) and is not used again.
     unsafe fn free_block(&self, p: NonNull<u8>) {
         if self.layout.size() != 0 {
-            // SAFETY: by the caller's contract `p` was allocated with `self.layout`.
-            unsafe { sync::dealloc(p.as_ptr(), self.layout) };
+            match &self.memory {
+                // SAFETY: by the caller's contract `p` was allocated with `self.layout`.
+                None => unsafe { sync::dealloc(p.as_ptr(), self.layout) },
+                // SAFETY: as above, from this block allocator.
+                Some(UserMemory(m)) => unsafe { free_user_block(&**m, p, self.layout) },
+            }
         }
     }
 
@@ -159,6 +257,26 @@ impl Backing {
     /// Objects returned so far.
     pub fn frees(&self) -> u64 {
         self.frees.get()
+    }
+}
+
+/// Gives a block back to a user's block allocator. A panic there is caught and
+/// discarded (the block is then lost), as for a value's destructor in
+/// [`Backing::destroy`]: it happens inside the allocator, in the middle of a batch.
+///
+/// # Safety
+/// `p` came from `allocator.alloc_block(layout)` and is not used again.
+pub(crate) unsafe fn free_user_block(
+    allocator: &dyn BlockAllocator,
+    p: NonNull<u8>,
+    layout: Layout,
+) {
+    // SAFETY: forwarded from the caller.
+    let result = catch_unwind(AssertUnwindSafe(|| unsafe {
+        allocator.free_block(p, layout)
+    }));
+    if let Err(payload) = result {
+        std::mem::forget(payload);
     }
 }
 

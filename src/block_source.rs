@@ -10,6 +10,11 @@
 //! system. (Each thread may also hold up to two magazines per block class in its own
 //! cache: at most 64 KiB per class per thread, and given back at thread exit, on
 //! `trim`, or by the idle collector.)
+//!
+//! Blocks come from the global allocator unless the source is built with a
+//! [`BlockAllocator`] ([`BlockSource::with_block_allocator`]): then every block, of the
+//! classes and large, comes from it and goes back to it, so a server can put pool memory
+//! in huge pages, keep it out of core dumps, or account for it on its own.
 
 use std::alloc::Layout;
 use std::collections::BTreeMap;
@@ -18,6 +23,7 @@ use std::ptr::NonNull;
 #[cfg(not(proxalloc_loom))]
 use std::sync::OnceLock;
 
+use crate::backing::{free_user_block, MemoryOwner, ObjectHooks};
 use crate::budget::ByteBudget;
 use crate::class::ClassAllocator;
 use crate::config::Config;
@@ -52,6 +58,94 @@ pub struct RawBlock {
     pub size: usize,
 }
 
+/// Where a [`BlockSource`] gets its memory, instead of the global allocator: see
+/// [`BlockSource::with_block_allocator`].
+///
+/// Requests are for whole blocks: 8, 16, 32 or 64 KiB, or a multiple of 4 KiB above
+/// that, aligned to [`BLOCK_ALIGN`]. The source caches freed blocks within its
+/// `max_free` budget and returns the rest (and everything, on [`BlockSource::trim`] and
+/// when it is dropped) through [`free_block`](Self::free_block). Both methods may be
+/// called from any thread, concurrently; they run outside every lock of the source, and
+/// may themselves allocate (from the global allocator, or from other allocators of this
+/// crate, though not from the same source, which would recurse).
+///
+/// # Safety
+/// An implementation must hand out memory that is valid for reads and writes of
+/// `layout.size()` bytes, aligned to `layout.align()`, and not used by anything else
+/// until it is given back with `free_block`, like
+/// [`GlobalAlloc::alloc`](std::alloc::GlobalAlloc::alloc). The source writes into the
+/// blocks as soon as it has them.
+///
+/// ```
+/// use std::alloc::{GlobalAlloc, Layout, System};
+/// use std::ptr::NonNull;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use std::sync::Arc;
+/// use proxalloc::{BlockAllocator, BlockSource, Pool};
+///
+/// /// Counts the bytes of pool blocks it holds.
+/// #[derive(Default)]
+/// struct Counted(AtomicUsize);
+///
+/// // SAFETY: the memory comes from `System` with the same layout.
+/// unsafe impl BlockAllocator for Counted {
+///     fn alloc_block(&self, layout: Layout) -> Option<NonNull<u8>> {
+///         self.0.fetch_add(layout.size(), Ordering::Relaxed);
+///         // SAFETY: block layouts are never zero-sized.
+///         NonNull::new(unsafe { System.alloc(layout) })
+///     }
+///     unsafe fn free_block(&self, ptr: NonNull<u8>, layout: Layout) {
+///         self.0.fetch_sub(layout.size(), Ordering::Relaxed);
+///         // SAFETY: allocated above with this layout.
+///         unsafe { System.dealloc(ptr.as_ptr(), layout) }
+///     }
+/// }
+///
+/// let counted = Arc::new(Counted::default());
+/// let source = BlockSource::with_block_allocator(1 << 20, counted.clone());
+/// let mut pool = Pool::with_source(&source);
+/// let _ = pool.alloc_str("in a counted block");
+/// assert!(counted.0.load(Ordering::Relaxed) >= 8 << 10);
+/// pool.clear();
+/// drop(pool);
+/// drop(source); // every block goes back to `counted` (this thread's cache included)
+/// assert_eq!(counted.0.load(Ordering::Relaxed), 0);
+/// ```
+pub unsafe trait BlockAllocator: Send + Sync + 'static {
+    /// A block of `layout`, or `None` if there is no memory (the pool then reports an
+    /// allocation failure).
+    fn alloc_block(&self, layout: Layout) -> Option<NonNull<u8>>;
+
+    /// Takes back a block. A panic here is caught and discarded (the block is lost).
+    ///
+    /// # Safety
+    /// `ptr` came from [`alloc_block`](Self::alloc_block) on this allocator with the same
+    /// `layout`, and is not used afterwards.
+    unsafe fn free_block(&self, ptr: NonNull<u8>, layout: Layout);
+}
+
+/// The system allocator (`malloc`), bypassing a `#[global_allocator]`.
+///
+/// ```
+/// use std::sync::Arc;
+/// let source = proxalloc::BlockSource::with_block_allocator(1 << 20, Arc::new(std::alloc::System));
+/// let block = source.alloc(20_000).unwrap();
+/// // SAFETY: from `source`, not used again.
+/// unsafe { source.free(block) };
+/// ```
+// SAFETY: `System` hands out memory as `GlobalAlloc` promises.
+unsafe impl BlockAllocator for std::alloc::System {
+    fn alloc_block(&self, layout: Layout) -> Option<NonNull<u8>> {
+        // SAFETY: block layouts have a non-zero size.
+        NonNull::new(unsafe { std::alloc::GlobalAlloc::alloc(self, layout) })
+    }
+
+    unsafe fn free_block(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: per the caller's contract, allocated by `alloc_block` with `layout`.
+        unsafe { std::alloc::GlobalAlloc::dealloc(self, ptr.as_ptr(), layout) }
+    }
+}
+
 /// A cached large block's address.
 struct Cached(NonNull<u8>);
 
@@ -69,6 +163,8 @@ struct LargeBlocks {
 struct Large {
     cache: Mutex<LargeBlocks>,
     budget: Arc<ByteBudget>,
+    /// The user's block allocator, or `None` for the global allocator.
+    memory: Option<std::sync::Arc<dyn BlockAllocator>>,
     id: u64,
     allocs: StatCounter,
     frees: StatCounter,
@@ -98,23 +194,62 @@ pub struct BlockSource {
     c32: ClassAllocator<Block<{ 32 << 10 }>>,
     c64: ClassAllocator<Block<{ 64 << 10 }>>,
     large: Arc<Large>,
+    /// The user's block allocator, where the classes' hooks point; dropped after the
+    /// classes. (Each class's backing holds its own clone of the `Arc` once built.)
+    _memory: Option<MemoryOwner>,
 }
 
 impl BlockSource {
-    /// A source that caches at most `max_free` bytes of free blocks.
+    /// A source that caches at most `max_free` bytes of free blocks, and takes blocks
+    /// from the global allocator.
     pub fn new(max_free: usize) -> Self {
+        Self::build(max_free, None)
+    }
+
+    /// A source that caches at most `max_free` bytes of free blocks, and takes every
+    /// block from `allocator` (and gives it back there): huge pages, memory kept out of
+    /// core dumps, an arena of the server's own. See `examples/hugepage_blocks.rs`.
+    ///
+    /// Blocks go back to `allocator` as they go back to the system otherwise: beyond
+    /// `max_free`, on [`trim`](Self::trim), from threads' caches when the threads exit,
+    /// and all of the source's when it is dropped. The source keeps `allocator` alive
+    /// until then.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use proxalloc::{BlockSource, Pool};
+    /// let source = BlockSource::with_block_allocator(4 << 20, Arc::new(std::alloc::System));
+    /// let pool = Pool::with_source(&source);
+    /// assert_eq!(pool.alloc_str("hello"), "hello");
+    /// ```
+    pub fn with_block_allocator(
+        max_free: usize,
+        allocator: std::sync::Arc<dyn BlockAllocator>,
+    ) -> Self {
+        Self::build(max_free, Some(MemoryOwner::new(allocator)))
+    }
+
+    fn build(max_free: usize, memory: Option<MemoryOwner>) -> Self {
         let budget = Arc::new(ByteBudget::new(max_free));
         let cfg = Config::new().magazine_size(8).thread_cache_bytes(64 << 10);
+        let hooks = memory.as_ref().map(|m| ObjectHooks {
+            values: None,
+            // SAFETY: the owner is kept in the source with the classes that carry the
+            // hook, and dropped after them (it is the last field).
+            memory: Some(unsafe { m.hook() }),
+        });
         fn class<T>(
             name: &'static str,
             cfg: Config,
+            hooks: Option<ObjectHooks>,
             budget: &Arc<ByteBudget>,
         ) -> ClassAllocator<T> {
-            ClassAllocator::with_parts(name, cfg, None, Some(budget.clone()))
+            ClassAllocator::with_parts(name, cfg, hooks, Some(budget.clone()))
         }
         let large = Arc::new(Large {
             cache: Mutex::new(LargeBlocks::default()),
             budget: budget.clone(),
+            memory: memory.as_ref().map(|m| m.get().clone()),
             id: crate::cache::slots::fresh_instance(),
             allocs: StatCounter::new(),
             frees: StatCounter::new(),
@@ -125,11 +260,12 @@ impl BlockSource {
         #[cfg(not(proxalloc_loom))]
         crate::registry::register(&(large.clone() as Arc<dyn Source>));
         BlockSource {
-            c8: class("pool-blocks-8K", cfg, &budget),
-            c16: class("pool-blocks-16K", cfg, &budget),
-            c32: class("pool-blocks-32K", cfg, &budget),
-            c64: class("pool-blocks-64K", cfg, &budget),
+            c8: class("pool-blocks-8K", cfg, hooks, &budget),
+            c16: class("pool-blocks-16K", cfg, hooks, &budget),
+            c32: class("pool-blocks-32K", cfg, hooks, &budget),
+            c64: class("pool-blocks-64K", cfg, hooks, &budget),
             large,
+            _memory: memory,
         }
     }
 
@@ -274,8 +410,7 @@ impl Large {
         // A size no layout can describe is a failed allocation, not a panic (and, like
         // any failure, not counted).
         let layout = Layout::from_size_align(size, BLOCK_ALIGN).ok()?;
-        // SAFETY: non-zero size.
-        let ptr = NonNull::new(unsafe { sync::alloc(layout) })?;
+        let ptr = self.alloc_memory(layout)?;
         self.allocs.add_shared(1);
         self.system_allocs.add_shared(1);
         Some(RawBlock { ptr, size })
@@ -295,8 +430,31 @@ impl Large {
                 .push(Cached(block.ptr));
         } else {
             // SAFETY: allocated in `alloc` with this layout.
-            unsafe { sync::dealloc(block.ptr.as_ptr(), large_layout(block.size)) };
+            unsafe { self.free_memory(block.ptr, large_layout(block.size)) };
             self.system_frees.add_shared(1);
+        }
+    }
+
+    /// Memory for a block of `layout`, from the user's allocator or the global one.
+    fn alloc_memory(&self, layout: Layout) -> Option<NonNull<u8>> {
+        match &self.memory {
+            // SAFETY: non-zero size.
+            None => NonNull::new(unsafe { sync::alloc(layout) }),
+            Some(m) => m.alloc_block(layout),
+        }
+    }
+
+    /// Gives back a block's memory.
+    ///
+    /// # Safety
+    /// `p` came from [`alloc_memory`](Self::alloc_memory) with `layout`, and is not used
+    /// again.
+    unsafe fn free_memory(&self, p: NonNull<u8>, layout: Layout) {
+        match &self.memory {
+            // SAFETY: forwarded from the caller.
+            None => unsafe { sync::dealloc(p.as_ptr(), layout) },
+            // SAFETY: forwarded from the caller.
+            Some(m) => unsafe { free_user_block(&**m, p, layout) },
         }
     }
 
@@ -313,7 +471,7 @@ impl Large {
             for Cached(p) in list {
                 self.uncache(size);
                 // SAFETY: a cached block, allocated with this layout, owned by the cache.
-                unsafe { sync::dealloc(p.as_ptr(), large_layout(size)) };
+                unsafe { self.free_memory(p, large_layout(size)) };
                 self.system_frees.add_shared(1);
                 released += size;
             }

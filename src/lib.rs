@@ -52,7 +52,9 @@ mod registry;
 pub mod stats;
 mod sync;
 
-pub use block_source::{BlockSource, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE};
+pub use block_source::{
+    BlockAllocator, BlockSource, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
+};
 pub use class::{AllocError, ClassAllocator, LocalCache, Pooled};
 pub use config::{CacheMode, Config, BYPASS_ENV, MAX_MAGAZINE_SIZE};
 pub use debug::POISON;

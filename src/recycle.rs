@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
-use crate::backing::ObjectHooks;
+use crate::backing::{ObjectHooks, ValueHooks};
 use crate::class::{AllocError, ClassAllocator};
 use crate::config::Config;
 use crate::stats::Stats;
@@ -74,7 +74,7 @@ pub trait Recycle: Sized + Send + 'static {
     fn recycle(&mut self) -> bool;
 }
 
-/// Constructs a `T` in place (a [`ObjectHooks::construct`]).
+/// Constructs a `T` in place (a [`ValueHooks::construct`]).
 ///
 /// # Safety
 /// `p` is valid, aligned, uninitialised memory for a `T`.
@@ -83,7 +83,7 @@ unsafe fn construct<T: Recycle>(p: *mut u8) {
     unsafe { p.cast::<T>().write(T::create()) };
 }
 
-/// Drops a `T` in place (a [`ObjectHooks::destroy`]).
+/// Drops a `T` in place (a [`ValueHooks::destroy`]).
 ///
 /// # Safety
 /// `p` holds a live `T` that is not used again.
@@ -130,8 +130,11 @@ pub struct RecyclingAllocator<T: Recycle> {
 
 impl<T: Recycle> RecyclingAllocator<T> {
     const HOOKS: ObjectHooks = ObjectHooks {
-        construct: construct::<T>,
-        destroy: destroy::<T>,
+        values: Some(ValueHooks {
+            construct: construct::<T>,
+            destroy: destroy::<T>,
+        }),
+        memory: None,
     };
 
     /// An allocator named `name`, with the default [`Config`].
