@@ -51,6 +51,7 @@ mod recycle;
 mod registry;
 pub mod stats;
 mod sync;
+mod thin;
 
 pub use block_source::{
     BlockAllocator, BlockSource, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
@@ -62,6 +63,7 @@ pub use owned::Owned;
 pub use pool::{CleanupKey, Pool, PoolStats, PoolVec, PoolWriter, SubPool};
 pub use recycle::{Recycle, Recycled, RecyclingAllocator};
 pub use stats::Stats;
+pub use thin::{StaticClass, Thin};
 
 /// Gives every cached object of every allocator in the process back to the system
 /// allocator: each allocator's depot and the calling thread's caches now, and returns

@@ -61,6 +61,12 @@ pub fn contenders<const N: usize>() -> Vec<Entry> {
         Proxalloc::<Obj<N>>::new(CacheMode::DepotOnly)
     );
     add!(
+        "proxalloc-one-word",
+        false,
+        true,
+        ProxallocOneWord::<Obj<N>>::new()
+    );
+    add!(
         "proxalloc-bypass",
         false,
         true,

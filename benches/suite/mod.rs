@@ -82,6 +82,43 @@ impl<const N: usize> Contender<Obj<N>> for Proxalloc<Obj<N>> {
     }
 }
 
+/// proxalloc with a one-word handle (the pointer alone; the allocator known from the
+/// contender): the experiment behind "should `Pooled` drop its allocator reference for
+/// `static` allocators?". Same allocator code, half the handle.
+pub struct ProxallocOneWord<T: 'static>(pub ClassAllocator<T>);
+
+impl<T: 'static> ProxallocOneWord<T> {
+    pub fn new() -> &'static Self {
+        leak(ProxallocOneWord(ClassAllocator::with_config(
+            "bench-one-word",
+            Config::new(),
+        )))
+    }
+}
+
+/// A raw object pointer that may cross threads (it owns an `Obj`, which is `Send`).
+pub struct OneWord<T>(std::ptr::NonNull<T>);
+// SAFETY: the handle owns its object exclusively, like `Box<T>`; `T` is `Send`.
+unsafe impl<T: Send> Send for OneWord<T> {}
+
+impl<const N: usize> Contender<Obj<N>> for ProxallocOneWord<Obj<N>> {
+    type Handle = OneWord<Obj<N>>;
+    #[inline(always)]
+    fn alloc(&'static self, v: Obj<N>) -> Self::Handle {
+        OneWord(Pooled::into_raw(self.0.alloc(v)))
+    }
+    #[inline(always)]
+    fn free(&'static self, h: Self::Handle) {
+        // SAFETY: `h` came from `into_raw` on this allocator and is freed once.
+        drop(unsafe { Pooled::from_raw(&self.0, h.0) })
+    }
+    #[inline(always)]
+    fn touch(h: &Self::Handle) {
+        // SAFETY: the handle owns a live object.
+        black_box(unsafe { h.0.as_ref() });
+    }
+}
+
 // ---- Box under the system allocator ----
 
 pub struct SystemBox;
