@@ -61,7 +61,7 @@ pub use config::{CacheMode, Config, BYPASS_ENV, MAX_MAGAZINE_SIZE};
 pub use debug::POISON;
 pub use owned::Owned;
 pub use pool::{CleanupKey, Pool, PoolStats, PoolVec, PoolWriter, SubPool};
-pub use recycle::{Recycle, Recycled, RecyclingAllocator};
+pub use recycle::{OwnedRecycled, Recycle, Recycled, RecyclingAllocator};
 pub use stats::Stats;
 pub use thin::{StaticClass, Thin};
 

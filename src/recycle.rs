@@ -303,3 +303,82 @@ impl<T: Recycle + fmt::Debug> fmt::Debug for Recycled<'_, T> {
         fmt::Debug::fmt(&**self, f)
     }
 }
+
+/// A value from a [`RecyclingAllocator`] owned through an `Arc` of it: `'static`, for
+/// allocators built at run time (see [`Owned`](crate::Owned), whose costs it shares).
+/// Dropping it recycles the value as [`Recycled`] does.
+///
+/// ```
+/// use std::sync::Arc;
+/// use proxalloc::{Recycle, RecyclingAllocator};
+///
+/// struct Buf(Vec<u8>);
+/// impl Recycle for Buf {
+///     fn create() -> Self { Buf(Vec::with_capacity(1024)) }
+///     fn recycle(&mut self) -> bool { self.0.clear(); true }
+/// }
+/// let bufs = Arc::new(RecyclingAllocator::<Buf>::new("bufs"));
+/// let mut b = bufs.get_arc();
+/// b.0.extend_from_slice(b"moved into a thread");
+/// let n = std::thread::spawn(move || b.0.len()).join().unwrap();
+/// assert_eq!(n, 19);
+/// ```
+pub struct OwnedRecycled<T: Recycle> {
+    ptr: NonNull<T>,
+    alloc: std::sync::Arc<RecyclingAllocator<T>>,
+}
+
+// SAFETY: the handle owns its `T` exclusively, like `Box<T>`; `Recycle` values are
+// `Send`.
+unsafe impl<T: Recycle> Send for OwnedRecycled<T> {}
+// SAFETY: `&OwnedRecycled<T>` only gives out `&T`.
+unsafe impl<T: Recycle + Sync> Sync for OwnedRecycled<T> {}
+
+impl<T: Recycle> RecyclingAllocator<T> {
+    /// A recycled value, or a fresh one, owned through a clone of this `Arc`.
+    ///
+    /// # Panics
+    /// As for [`get`](Self::get).
+    #[must_use = "dropping the handle recycles the value at once"]
+    pub fn get_arc(self: &std::sync::Arc<Self>) -> OwnedRecycled<T> {
+        let handle = std::mem::ManuallyDrop::new(self.get());
+        OwnedRecycled {
+            ptr: handle.ptr,
+            alloc: std::sync::Arc::clone(self),
+        }
+    }
+}
+
+impl<T: Recycle> Drop for OwnedRecycled<T> {
+    fn drop(&mut self) {
+        // The borrowed handle does the recycling; the `Arc` field drops after it.
+        drop(Recycled {
+            ptr: self.ptr,
+            alloc: &*self.alloc,
+            _owns: PhantomData,
+        });
+    }
+}
+
+impl<T: Recycle> Deref for OwnedRecycled<T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
+        // SAFETY: the handle owns a live value.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl<T: Recycle> DerefMut for OwnedRecycled<T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the handle owns a live value, exclusively.
+        unsafe { self.ptr.as_mut() }
+    }
+}
+
+impl<T: Recycle + fmt::Debug> fmt::Debug for OwnedRecycled<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}

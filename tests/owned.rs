@@ -73,3 +73,32 @@ fn owned_handles_cross_tokio_workers_across_awaits() {
     assert_eq!(s.live, 0, "{s}");
     assert!(s.is_consistent(), "{s}");
 }
+
+#[test]
+fn owned_recycled_values_move_between_threads_and_come_back() {
+    use proxalloc::{Recycle, RecyclingAllocator};
+    struct Buf(Vec<u8>);
+    impl Recycle for Buf {
+        fn create() -> Self {
+            Buf(Vec::with_capacity(64))
+        }
+        fn recycle(&mut self) -> bool {
+            self.0.clear();
+            true
+        }
+    }
+    let bufs = Arc::new(RecyclingAllocator::<Buf>::new("owned-recycled"));
+    let mut b = bufs.get_arc();
+    b.0.extend_from_slice(b"abc");
+    let cap = b.0.capacity();
+    let weak = Arc::downgrade(&bufs);
+    std::thread::spawn(move || assert_eq!(b.0, b"abc"))
+        .join()
+        .unwrap();
+    let again = bufs.get_arc();
+    assert!(again.0.is_empty() && again.0.capacity() >= cap.min(64));
+    drop(again);
+    assert_eq!(bufs.stats().live, 0);
+    drop(bufs);
+    assert!(weak.upgrade().is_none());
+}
