@@ -199,12 +199,15 @@ fn main() {
     let arena = Arc::new(HugePageArena::new(64 << 20).expect("mmap failed"));
     let source = BlockSource::with_block_allocator(8 << 20, arena.clone());
 
-    // Two workers, each with a per-request pool cleared after every request.
-    std::thread::scope(|s| {
-        for worker in 0..2u64 {
-            let source = &source;
-            s.spawn(move || {
-                let mut pool = Pool::with_source(source);
+    // Two workers, each with a per-request pool cleared after every request. (Joined
+    // threads: a join waits for the thread's exit, when its cache gives its blocks back;
+    // a scope ends before that.)
+    let source = Arc::new(source);
+    let workers: Vec<_> = (0..2u64)
+        .map(|worker| {
+            let source = source.clone();
+            std::thread::spawn(move || {
+                let mut pool = Pool::with_source(&source);
                 for request in 0..20_000u64 {
                     {
                         let path = pformat!(&pool, "/objects/{worker}/{request}");
@@ -221,9 +224,13 @@ fn main() {
                     }
                     pool.clear();
                 }
-            });
-        }
-    });
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("worker panicked");
+    }
+    let source = Arc::into_inner(source).expect("workers are gone");
 
     let (blocks, bytes) = arena.in_use();
     println!(
