@@ -32,9 +32,22 @@ use crate::stats::Stats;
 use crate::sync::{self, Arc, Mutex, StatCounter};
 
 /// Sizes of the block classes served through per-thread caches.
+///
+/// ```
+/// use proxalloc::{BlockSource, BLOCK_CLASSES};
+/// assert_eq!(BlockSource::block_size(9000), BLOCK_CLASSES[1]);
+/// ```
 pub const BLOCK_CLASSES: [usize; 4] = [8 << 10, 16 << 10, 32 << 10, 64 << 10];
 
 /// Alignment of every block.
+///
+/// ```
+/// let source = proxalloc::BlockSource::new(1 << 20);
+/// let b = source.alloc(100).unwrap();
+/// assert_eq!(b.ptr.as_ptr() as usize % proxalloc::BLOCK_ALIGN, 0);
+/// // SAFETY: from `source`, not used again.
+/// unsafe { source.free(b) };
+/// ```
 pub const BLOCK_ALIGN: usize = 64;
 
 /// Large blocks are sized in multiples of this.
@@ -42,6 +55,10 @@ const LARGE_GRAIN: usize = 4 << 10;
 
 /// The default `max_free`: 2 MiB, httpd's `MaxMemFree` (APR's own default is unlimited,
 /// which both httpd and Subversion override).
+///
+/// ```
+/// assert_eq!(proxalloc::BlockSource::global().max_free(), proxalloc::DEFAULT_MAX_FREE);
+/// ```
 pub const DEFAULT_MAX_FREE: usize = 2 << 20;
 
 /// Memory of one class block (uninitialised bytes).
@@ -50,6 +67,16 @@ struct Block<const N: usize>(MaybeUninit<[u8; N]>);
 
 /// A block handed out by a [`BlockSource`]: `size` bytes at `ptr`, aligned to
 /// [`BLOCK_ALIGN`].
+///
+/// ```
+/// let source = proxalloc::BlockSource::new(1 << 20);
+/// let b = source.alloc(5000).unwrap();
+/// assert_eq!(b.size, 8 << 10);
+/// // SAFETY: the block is ours, `size` bytes at `ptr`.
+/// unsafe { b.ptr.as_ptr().write_bytes(0, b.size) };
+/// // SAFETY: from `source`, not used again.
+/// unsafe { source.free(b) };
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawBlock {
     /// Start of the block.
@@ -202,6 +229,13 @@ pub struct BlockSource {
 impl BlockSource {
     /// A source that caches at most `max_free` bytes of free blocks, and takes blocks
     /// from the global allocator.
+    ///
+    /// ```
+    /// use proxalloc::{BlockSource, Pool};
+    /// let source = BlockSource::new(4 << 20);
+    /// let pool = Pool::with_source(&source);
+    /// assert_eq!(pool.alloc_str("from my source"), "from my source");
+    /// ```
     pub fn new(max_free: usize) -> Self {
         Self::build(max_free, None)
     }
@@ -271,6 +305,11 @@ impl BlockSource {
 
     /// The process-wide source that [`Pool::new`](crate::Pool::new) uses, with
     /// [`DEFAULT_MAX_FREE`].
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::with_source(proxalloc::BlockSource::global()); // as Pool::new()
+    /// let _ = pool.alloc(1u64);
+    /// ```
     #[cfg(not(proxalloc_loom))]
     pub fn global() -> &'static BlockSource {
         static GLOBAL: OnceLock<BlockSource> = OnceLock::new();
@@ -278,17 +317,38 @@ impl BlockSource {
     }
 
     /// The `max_free` budget in bytes.
+    ///
+    /// ```
+    /// assert_eq!(proxalloc::BlockSource::new(1 << 20).max_free(), 1 << 20);
+    /// ```
     pub fn max_free(&self) -> usize {
         self.large.budget.limit()
     }
 
     /// Bytes of free blocks cached by the source (class depots and large buckets; not
     /// the blocks in threads' own caches). Never more than [`max_free`](Self::max_free).
+    ///
+    /// ```
+    /// let source = proxalloc::BlockSource::new(1 << 20);
+    /// let b = source.alloc(200_000).unwrap(); // a large block: cached in the source when freed
+    /// // SAFETY: from `source`, not used again.
+    /// unsafe { source.free(b) };
+    /// assert_eq!(source.cached_bytes(), 200_704);
+    /// source.trim();
+    /// assert_eq!(source.cached_bytes(), 0);
+    /// ```
     pub fn cached_bytes(&self) -> usize {
         self.large.budget.used()
     }
 
     /// Size of the block that serves a request of `size` bytes.
+    ///
+    /// ```
+    /// use proxalloc::BlockSource;
+    /// assert_eq!(BlockSource::block_size(1), 8 << 10);
+    /// assert_eq!(BlockSource::block_size(40_000), 64 << 10);
+    /// assert_eq!(BlockSource::block_size(70_000), 73_728); // 18 × 4 KiB
+    /// ```
     pub fn block_size(size: usize) -> usize {
         match BLOCK_CLASSES.iter().find(|&&c| c >= size) {
             Some(&c) => c,
@@ -297,6 +357,14 @@ impl BlockSource {
     }
 
     /// A block of at least `size` bytes, or `None` if the system allocator fails.
+    ///
+    /// ```
+    /// let source = proxalloc::BlockSource::new(1 << 20);
+    /// let b = source.alloc(20_000).expect("out of memory");
+    /// assert_eq!(b.size, 32 << 10);
+    /// // SAFETY: from `source`, not used again.
+    /// unsafe { source.free(b) };
+    /// ```
     #[must_use = "a block not given back with `BlockSource::free` leaks"]
     pub fn alloc(&self, size: usize) -> Option<RawBlock> {
         let size = Self::block_size(size);
@@ -313,6 +381,14 @@ impl BlockSource {
     /// A block of at least `size` bytes sized to fit (4 KiB grain) rather than to a
     /// class, from the large-block cache; `None` if the system allocator fails. Free it
     /// with [`free`](Self::free) like any other block.
+    ///
+    /// ```
+    /// let source = proxalloc::BlockSource::new(1 << 20);
+    /// let b = source.alloc_dedicated(40_000).unwrap();
+    /// assert_eq!(b.size, 40_960); // 10 × 4 KiB, not the 64 KiB class
+    /// // SAFETY: from `source`, not used again.
+    /// unsafe { source.free(b) };
+    /// ```
     #[must_use = "a block not given back with `BlockSource::free` leaks"]
     pub fn alloc_dedicated(&self, size: usize) -> Option<RawBlock> {
         let size = size.div_ceil(LARGE_GRAIN).saturating_mul(LARGE_GRAIN);
@@ -327,6 +403,14 @@ impl BlockSource {
     /// # Safety
     /// `block` came from [`alloc`](Self::alloc) on this source, unchanged, and is not
     /// used afterwards.
+    ///
+    /// ```
+    /// let source = proxalloc::BlockSource::new(1 << 20);
+    /// let b = source.alloc(8000).unwrap();
+    /// // SAFETY: from `source`, unchanged, not used again.
+    /// unsafe { source.free(b) };
+    /// assert_eq!(source.stats()[0].live, 0);
+    /// ```
     pub unsafe fn free(&self, block: RawBlock) {
         // SAFETY: per the contract, the block came from the matching class.
         unsafe {
@@ -341,6 +425,15 @@ impl BlockSource {
     }
 
     /// Stats of the four block classes and of the large blocks, in that order.
+    ///
+    /// ```
+    /// let source = proxalloc::BlockSource::new(1 << 20);
+    /// let b = source.alloc(10_000).unwrap();
+    /// let [_8k, k16, _32k, _64k, _large] = source.stats();
+    /// assert_eq!((k16.name, k16.live), ("pool-blocks-16K", 1));
+    /// // SAFETY: from `source`, not used again.
+    /// unsafe { source.free(b) };
+    /// ```
     pub fn stats(&self) -> [Stats; 5] {
         [
             self.c8.stats(),
@@ -353,11 +446,29 @@ impl BlockSource {
 
     /// Gives every cached block back to the system (the depots, the large buckets and the
     /// calling thread's cache). Returns the bytes released.
+    ///
+    /// ```
+    /// let source = proxalloc::BlockSource::new(1 << 20);
+    /// let b = source.alloc(8000).unwrap();
+    /// // SAFETY: from `source`, not used again.
+    /// unsafe { source.free(b) };
+    /// assert_eq!(source.trim(), 8 << 10); // from this thread's cache
+    /// ```
     pub fn trim(&self) -> usize {
         self.c8.trim() + self.c16.trim() + self.c32.trim() + self.c64.trim() + self.large.trim()
     }
 
     /// Hands the calling thread's cached blocks to the source's depots.
+    ///
+    /// ```
+    /// let source = proxalloc::BlockSource::new(1 << 20);
+    /// let b = source.alloc(8000).unwrap();
+    /// // SAFETY: from `source`, not used again.
+    /// unsafe { source.free(b) };
+    /// assert_eq!(source.cached_bytes(), 0); // in this thread's cache
+    /// source.release_thread_cache();
+    /// assert_eq!(source.cached_bytes(), 8 << 10); // in the depot, for any thread
+    /// ```
     pub fn release_thread_cache(&self) {
         self.c8.release_thread_cache();
         self.c16.release_thread_cache();

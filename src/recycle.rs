@@ -138,12 +138,36 @@ impl<T: Recycle> RecyclingAllocator<T> {
     };
 
     /// An allocator named `name`, with the default [`Config`].
+    ///
+    /// ```
+    /// use proxalloc::{Recycle, RecyclingAllocator};
+    /// struct Buf(Vec<u8>);
+    /// impl Recycle for Buf {
+    ///     fn create() -> Self { Buf(Vec::with_capacity(4096)) }
+    ///     fn recycle(&mut self) -> bool { self.0.clear(); true }
+    /// }
+    /// static BUFS: RecyclingAllocator<Buf> = RecyclingAllocator::new("doc-recycling-new");
+    /// assert!(BUFS.get().0.capacity() >= 4096);
+    /// ```
     #[cfg(not(proxalloc_loom))]
     pub const fn new(name: &'static str) -> Self {
         Self::with_config(name, Config::new())
     }
 
     /// An allocator named `name` with `config`.
+    ///
+    /// ```
+    /// use proxalloc::{Config, Recycle, RecyclingAllocator};
+    /// #[derive(Default)]
+    /// struct Headers(Vec<(String, String)>);
+    /// impl Recycle for Headers {
+    ///     fn create() -> Self { Headers::default() }
+    ///     fn recycle(&mut self) -> bool { self.0.clear(); self.0.capacity() <= 64 }
+    /// }
+    /// static HEADERS: RecyclingAllocator<Headers> =
+    ///     RecyclingAllocator::with_config("doc-recycling-config", Config::new().magazine_size(16));
+    /// assert!(HEADERS.get().0.is_empty());
+    /// ```
     #[cfg(not(proxalloc_loom))]
     pub const fn with_config(name: &'static str, config: Config) -> Self {
         RecyclingAllocator {
@@ -170,6 +194,20 @@ impl<T: Recycle> RecyclingAllocator<T> {
     /// # Panics
     /// If the backing allocator fails (see [`try_get`](Self::try_get)); and if
     /// [`Recycle::create`] panics (the memory is returned first).
+    ///
+    /// ```
+    /// use proxalloc::{Recycle, RecyclingAllocator};
+    /// struct Line(String);
+    /// impl Recycle for Line {
+    ///     fn create() -> Self { Line(String::new()) }
+    ///     fn recycle(&mut self) -> bool { self.0.clear(); true }
+    /// }
+    /// static LINES: RecyclingAllocator<Line> = RecyclingAllocator::new("doc-recycling-get");
+    /// let mut l = LINES.get();
+    /// l.0.push_str("GET / HTTP/1.1");
+    /// drop(l); // cleared and cached, its buffer kept
+    /// assert!(LINES.get().0.capacity() >= 14);
+    /// ```
     #[inline]
     #[must_use = "dropping the handle returns the object to the cache at once"]
     pub fn get(&self) -> Recycled<'_, T> {
@@ -178,6 +216,18 @@ impl<T: Recycle> RecyclingAllocator<T> {
     }
 
     /// A recycled value, or a fresh one; an error if the backing allocator fails.
+    ///
+    /// ```
+    /// use proxalloc::{Recycle, RecyclingAllocator};
+    /// struct Scratch(Vec<u64>);
+    /// impl Recycle for Scratch {
+    ///     fn create() -> Self { Scratch(Vec::new()) }
+    ///     fn recycle(&mut self) -> bool { self.0.clear(); true }
+    /// }
+    /// static SCRATCH: RecyclingAllocator<Scratch> = RecyclingAllocator::new("doc-recycling-try");
+    /// let s = SCRATCH.try_get().expect("out of memory");
+    /// assert!(s.0.is_empty());
+    /// ```
     #[inline]
     #[must_use = "dropping the result returns the object to the cache at once"]
     pub fn try_get(&self) -> Result<Recycled<'_, T>, AllocError> {

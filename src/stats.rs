@@ -25,6 +25,18 @@ use std::io;
 /// allocating the snapshot is not atomic (each counter is read once, at a slightly
 /// different moment); when they are quiescent it is exact, and then
 /// `live + cached_in_threads + cached_in_depot == backing_allocs - backing_frees`.
+///
+/// ```
+/// use proxalloc::ClassAllocator;
+/// let a = ClassAllocator::<[u8; 32]>::new("doc-stats");
+/// let x = a.alloc([0; 32]);
+/// drop(a.alloc([1; 32]));
+/// let s = a.stats();
+/// assert_eq!((s.name, s.object_size, s.allocs, s.frees, s.live), ("doc-stats", 32, 2, 1, 1));
+/// assert!(s.is_consistent());
+/// println!("{s}"); // one line: live, cached, reserved bytes, counters
+/// # drop(x);
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Stats {
@@ -67,11 +79,25 @@ pub struct Stats {
 
 impl Stats {
     /// Objects currently obtained from the backing allocator and not returned.
+    ///
+    /// ```
+    /// let a = proxalloc::ClassAllocator::<u64>::new("doc-reserved-objects");
+    /// let held: Vec<_> = (0..3).map(|i| a.alloc(i)).collect();
+    /// assert_eq!(a.stats().reserved_objects(), 3);
+    /// # drop(held);
+    /// ```
     pub fn reserved_objects(&self) -> u64 {
         self.backing_allocs.saturating_sub(self.backing_frees)
     }
 
     /// Bytes currently obtained from the backing allocator and not returned.
+    ///
+    /// ```
+    /// let a = proxalloc::ClassAllocator::<[u8; 100]>::new("doc-reserved-bytes");
+    /// let x = a.alloc([0; 100]);
+    /// assert_eq!(a.stats().reserved_bytes(), 100);
+    /// # drop(x);
+    /// ```
     pub fn reserved_bytes(&self) -> u64 {
         self.reserved_objects() * self.object_size as u64
     }
@@ -80,12 +106,26 @@ impl Stats {
     /// `live + cached_in_threads + cached_in_depot` equals the objects reserved from the
     /// backing allocator. Always true of a snapshot taken while no other thread
     /// allocates or frees.
+    ///
+    /// ```
+    /// let a = proxalloc::ClassAllocator::<u32>::new("doc-consistent");
+    /// drop((0..100).map(|i| a.alloc(i)).collect::<Vec<_>>());
+    /// assert!(a.stats().is_consistent());
+    /// ```
     pub fn is_consistent(&self) -> bool {
         self.allocs.checked_sub(self.frees) == Some(self.live)
             && self.live + self.cached_in_threads + self.cached_in_depot == self.reserved_objects()
     }
 
     /// Bytes of free objects cached in thread caches and the depot.
+    ///
+    /// ```
+    /// let a = proxalloc::ClassAllocator::<[u8; 64]>::new("doc-cached-bytes");
+    /// drop(a.alloc([0; 64])); // the object stays in this thread's cache
+    /// assert_eq!(a.stats().cached_bytes(), 64);
+    /// a.trim();
+    /// assert_eq!(a.stats().cached_bytes(), 0);
+    /// ```
     pub fn cached_bytes(&self) -> u64 {
         (self.cached_in_threads + self.cached_in_depot) * self.object_size as u64
     }
@@ -163,6 +203,15 @@ pub fn for_each(mut f: impl FnMut(&Stats)) {
 ///
 /// With the `serde` feature it can be saved and read back (a dump's baseline across a
 /// restart matches no allocator, whose ids are new, so it then counts from zero).
+///
+/// ```
+/// use proxalloc::{stats, ClassAllocator};
+/// static JOBS: ClassAllocator<u64> = ClassAllocator::new("doc-snapshot");
+/// let base = stats::snapshot();
+/// drop(JOBS.alloc(1));
+/// let delta = stats::table_since(&base);
+/// assert_eq!(delta.rows.iter().find(|r| r.name == "doc-snapshot").unwrap().allocs, 1);
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Snapshot {
@@ -430,12 +479,30 @@ pub fn table_since(base: &Snapshot) -> Table {
 ///
 /// A server typically calls it from a signal-handling thread or an admin endpoint; see
 /// `examples/stats_dump.rs`. [`table`] gives the same rows as data.
+///
+/// ```
+/// // E.g. from an admin endpoint, or a thread that waits for SIGUSR1:
+/// proxalloc::stats::dump(&mut std::io::stderr()).unwrap();
+/// ```
 pub fn dump(w: &mut impl io::Write) -> io::Result<()> {
     table().write(w)
 }
 
 /// Like [`dump`], but every number is the change since `base` (allocators created since
 /// then count from zero; those dropped since then are left out).
+///
+/// ```
+/// use proxalloc::{stats, ClassAllocator};
+/// static EVENTS: ClassAllocator<[u8; 16]> = ClassAllocator::new("doc-dump-since");
+/// let base = stats::snapshot();
+/// drop((0..10).map(|_| EVENTS.alloc([0; 16])).collect::<Vec<_>>());
+/// let mut out = Vec::new();
+/// stats::dump_since(&base, &mut out).unwrap();
+/// let text = String::from_utf8(out).unwrap();
+/// let row = text.lines().find(|l| l.starts_with("doc-dump-since")).unwrap();
+/// // name, size, live, thread-cached, depot-cached, reserved bytes, allocs, ...
+/// assert_eq!(row.split_whitespace().nth(6), Some("10"));
+/// ```
 pub fn dump_since(base: &Snapshot, w: &mut impl io::Write) -> io::Result<()> {
     table_since(base).write(w)
 }
