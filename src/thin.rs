@@ -15,7 +15,7 @@ use std::ptr::NonNull;
 use crate::class::{AllocError, ClassAllocator, Pooled};
 
 /// A `static` [`ClassAllocator`] named by a type, so that its handles ([`Thin`]) need
-/// not carry it. Implemented by [`static_class!`].
+/// not carry it. Implemented by [`static_class!`](crate::static_class!).
 pub trait StaticClass: Sized + 'static {
     /// The type of the objects.
     type Object;
