@@ -199,6 +199,15 @@ struct State {
 }
 
 /// Counters of one pool, from [`Pool::stats`].
+///
+/// ```
+/// let mut pool = proxalloc::Pool::new();
+/// let _ = pool.alloc_str("hello");
+/// let s = pool.stats();
+/// assert!(s.used_bytes >= 5 && s.blocks == 1 && s.retained_bytes >= 8 << 10);
+/// pool.clear();
+/// assert_eq!(pool.stats().used_bytes, 0);
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
     /// Bytes handed out since the last clear (alignment padding included).
@@ -246,6 +255,12 @@ unsafe impl Send for Pool<'_> {}
 #[cfg(not(proxalloc_loom))]
 impl Pool<'static> {
     /// A pool drawing from [`BlockSource::global`]. Takes no memory until first used.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// assert_eq!(pool.stats().blocks, 0); // no memory until first used
+    /// assert_eq!(*pool.alloc(7u32), 7);
+    /// ```
     pub fn new() -> Self {
         Pool::with_source(BlockSource::global())
     }
@@ -253,6 +268,12 @@ impl Pool<'static> {
     /// A debug pool on the global source: every allocation is its own heap block, and
     /// `clear` poisons memory (with [`POISON`]) before freeing it, so valgrind or ASan
     /// find a use after clear in unsafe code that escaped the borrow checker.
+    ///
+    /// ```
+    /// // Each allocation is its own heap block, for valgrind or ASan runs.
+    /// let pool = proxalloc::Pool::new_debug();
+    /// assert_eq!(pool.alloc_str("checked"), "checked");
+    /// ```
     pub fn new_debug() -> Self {
         Pool::with_source_debug(BlockSource::global(), true)
     }
@@ -267,12 +288,25 @@ impl Default for Pool<'static> {
 
 impl<'s> Pool<'s> {
     /// A pool drawing its blocks from `source`.
+    ///
+    /// ```
+    /// let source = proxalloc::BlockSource::new(64 << 10); // caches at most 64 KiB of blocks
+    /// let pool = proxalloc::Pool::with_source(&source);
+    /// assert_eq!(*pool.alloc(1u8), 1);
+    /// ```
     pub fn with_source(source: &'s BlockSource) -> Self {
         Self::with_source_debug(source, false)
     }
 
     /// A pool drawing from `source`, in debug mode if `debug` (see
     /// [`new_debug`](Pool::new_debug)).
+    ///
+    /// ```
+    /// let source = proxalloc::BlockSource::new(1 << 20);
+    /// let debug = cfg!(debug_assertions);
+    /// let pool = proxalloc::Pool::with_source_debug(&source, debug);
+    /// assert_eq!(*pool.alloc(2u16), 2);
+    /// ```
     pub fn with_source_debug(source: &'s BlockSource, debug: bool) -> Self {
         Pool {
             source,
@@ -299,6 +333,12 @@ impl<'s> Pool<'s> {
     }
 
     /// The block source.
+    ///
+    /// ```
+    /// let source = proxalloc::BlockSource::new(1 << 20);
+    /// let pool = proxalloc::Pool::with_source(&source);
+    /// assert!(std::ptr::eq(pool.source(), &source));
+    /// ```
     pub fn source(&self) -> &'s BlockSource {
         self.source
     }
@@ -314,6 +354,13 @@ impl<'s> Pool<'s> {
     }
 
     /// Allocates memory for `layout` (uninitialised), or an error if the source fails.
+    ///
+    /// ```
+    /// use std::alloc::Layout;
+    /// let pool = proxalloc::Pool::new();
+    /// let p = pool.try_alloc_layout(Layout::from_size_align(100, 16).unwrap()).unwrap();
+    /// assert_eq!(p.as_ptr() as usize % 16, 0);
+    /// ```
     #[inline]
     #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
     pub fn try_alloc_layout(&self, layout: Layout) -> Result<NonNull<u8>, AllocError> {
@@ -336,6 +383,14 @@ impl<'s> Pool<'s> {
     ///
     /// # Panics
     /// Through [`std::alloc::handle_alloc_error`] if the source fails.
+    ///
+    /// ```
+    /// use std::alloc::Layout;
+    /// let pool = proxalloc::Pool::new();
+    /// let p = pool.alloc_layout(Layout::array::<u64>(4).unwrap());
+    /// // SAFETY: room for four `u64`s, aligned.
+    /// unsafe { p.cast::<u64>().as_ptr().write_bytes(0, 4) };
+    /// ```
     #[inline]
     #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
     pub fn alloc_layout(&self, layout: Layout) -> NonNull<u8> {
@@ -478,6 +533,13 @@ impl<'s> Pool<'s> {
 
     /// Allocates `value` and returns it. It is never dropped (like bumpalo): use
     /// [`alloc_owned`](Self::alloc_owned) for values whose destructor must run.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let n = pool.alloc(41u64);
+    /// *n += 1;
+    /// assert_eq!(*n, 42);
+    /// ```
     #[inline]
     #[allow(clippy::mut_from_ref)]
     #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
@@ -486,6 +548,12 @@ impl<'s> Pool<'s> {
     }
 
     /// Allocates the value `init` returns, written straight into pool memory.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let table = pool.alloc_with(|| [0u32; 256]); // built in pool memory
+    /// assert_eq!(table.len(), 256);
+    /// ```
     #[inline]
     #[allow(clippy::mut_from_ref)]
     #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
@@ -499,6 +567,14 @@ impl<'s> Pool<'s> {
     }
 
     /// Allocates `value`, or returns it back with the error if the source fails.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// match pool.try_alloc([1u8; 64]) {
+    ///     Ok(v) => assert_eq!(v[0], 1),
+    ///     Err((_, v)) => drop(v), // out of memory: the value comes back
+    /// }
+    /// ```
     #[allow(clippy::mut_from_ref)]
     #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
     pub fn try_alloc<T>(&self, value: T) -> Result<&mut T, (AllocError, T)> {
@@ -519,6 +595,14 @@ impl<'s> Pool<'s> {
     ///
     /// `T: 'static` keeps a destructor from reading other pool memory, which may be
     /// gone by the time it runs.
+    ///
+    /// ```
+    /// let mut pool = proxalloc::Pool::new();
+    /// let names = pool.alloc_owned(vec![String::from("a")]); // dropped at clear
+    /// names.push("b".into());
+    /// assert_eq!(names.len(), 2);
+    /// pool.clear(); // the Vec and its Strings are dropped here
+    /// ```
     #[allow(clippy::mut_from_ref)]
     pub fn alloc_owned<T: Send + 'static>(&self, value: T) -> &mut T {
         if !std::mem::needs_drop::<T>() {
@@ -584,6 +668,13 @@ impl<'s> Pool<'s> {
     ///
     /// # Panics
     /// If `key` belongs to another pool.
+    ///
+    /// ```
+    /// let mut pool = proxalloc::Pool::new();
+    /// let key = pool.on_clear(|| panic!("never runs"));
+    /// pool.cancel(key);
+    /// pool.clear();
+    /// ```
     pub fn cancel(&self, key: CleanupKey<'_>) {
         assert!(
             ptr::eq(key.pool, self.state.get().cast_const().cast()),
@@ -599,6 +690,13 @@ impl<'s> Pool<'s> {
     }
 
     /// Copies `s` into the pool.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let host = pool.alloc_str("Example.COM");
+    /// host.make_ascii_lowercase();
+    /// assert_eq!(host, "example.com");
+    /// ```
     #[allow(clippy::mut_from_ref)]
     #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
     pub fn alloc_str(&self, s: &str) -> &mut str {
@@ -608,6 +706,13 @@ impl<'s> Pool<'s> {
     }
 
     /// Copies `src` into the pool.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let v = pool.alloc_slice_copy(&[3, 1, 2]);
+    /// v.sort();
+    /// assert_eq!(v, [1, 2, 3]);
+    /// ```
     #[allow(clippy::mut_from_ref)]
     #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
     pub fn alloc_slice_copy<T: Copy>(&self, src: &[T]) -> &mut [T] {
@@ -622,6 +727,12 @@ impl<'s> Pool<'s> {
 
     /// Allocates `len` values made by `f(0)`, `f(1)`, ... (never dropped, like
     /// [`alloc`](Self::alloc)). If `f` panics, the values made so far are leaked.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let squares = pool.alloc_slice_fill_with(5, |i| i * i);
+    /// assert_eq!(squares, [0, 1, 4, 9, 16]);
+    /// ```
     #[allow(clippy::mut_from_ref)]
     #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
     pub fn alloc_slice_fill_with<T>(&self, len: usize, mut f: impl FnMut(usize) -> T) -> &mut [T] {
@@ -637,6 +748,12 @@ impl<'s> Pool<'s> {
 
     /// Formats `args` straight into pool memory (APR's `apr_psprintf`); see also the
     /// [`pformat!`](crate::pformat) macro.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let s = pool.alloc_fmt(format_args!("{}-{}", "a", 1));
+    /// assert_eq!(s, "a-1");
+    /// ```
     #[allow(clippy::mut_from_ref)]
     #[must_use = "the allocation stays in the pool until it is cleared; an unused one only wastes pool memory"]
     pub fn alloc_fmt(&self, args: fmt::Arguments<'_>) -> &mut str {
@@ -672,17 +789,41 @@ impl<'s> Pool<'s> {
     }
 
     /// Runs `f` with a fresh subpool, freed when `f` returns.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let total: usize = pool.scope(|tmp| {
+    ///     // `tmp` is a subpool, cleared when the closure returns.
+    ///     let parts = tmp.alloc_slice_fill_with(10, |i| i);
+    ///     parts.iter().sum()
+    /// });
+    /// assert_eq!(total, 45);
+    /// ```
     pub fn scope<R>(&self, f: impl FnOnce(&Pool<'s>) -> R) -> R {
         let sub = self.subpool();
         f(&sub)
     }
 
     /// A writer that appends to a buffer in pool memory (see [`PoolWriter`]).
+    ///
+    /// ```
+    /// use std::fmt::Write;
+    /// let pool = proxalloc::Pool::new();
+    /// let mut w = pool.writer();
+    /// write!(w, "{} {}", 404, "Not Found").unwrap();
+    /// assert_eq!(w.finish(), b"404 Not Found");
+    /// ```
     pub fn writer(&self) -> PoolWriter<'_, 's> {
         PoolWriter::new(self)
     }
 
     /// The pool's counters.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let _ = pool.alloc_slice_copy(&[0u8; 1000]);
+    /// assert!(pool.stats().used_bytes >= 1000);
+    /// ```
     pub fn stats(&self) -> PoolStats {
         let st = self.st();
         let used = st.used();
@@ -699,6 +840,15 @@ impl<'s> Pool<'s> {
     /// Runs every cleanup and owned value's destructor (last registered first) and frees
     /// every block but the first, keeping it for the next use. If cleanups panic, all the
     /// others still run and the memory is still freed; then the first panic continues.
+    ///
+    /// ```
+    /// let mut pool = proxalloc::Pool::new();
+    /// for i in 0..3 {
+    ///     let _ = pool.alloc(i);
+    ///     pool.clear(); // the memory of `i` is reused next time
+    /// }
+    /// assert_eq!(pool.stats().used_bytes, 0);
+    /// ```
     pub fn clear(&mut self) {
         let panic = self.run_cleanups();
         self.release_blocks(false);
@@ -879,6 +1029,13 @@ unsafe fn unlink(head: &mut *mut BlockHeader, target: *mut BlockHeader) {
 }
 
 /// A cleanup registered with [`Pool::on_clear`], to [`cancel`](Pool::cancel) it.
+///
+/// ```
+/// let mut pool = proxalloc::Pool::new();
+/// let key: proxalloc::CleanupKey<'_> = pool.on_clear(|| println!("cleared"));
+/// pool.cancel(key);
+/// pool.clear();
+/// ```
 pub struct CleanupKey<'p> {
     node: *mut CleanupHeader,
     pool: *const (),
@@ -892,6 +1049,15 @@ impl fmt::Debug for CleanupKey<'_> {
 }
 
 /// A child pool from [`Pool::subpool`]: a [`Pool`] that borrows its parent.
+///
+/// ```
+/// let pool = proxalloc::Pool::new();
+/// let mut iter = pool.subpool();
+/// for i in 0..3 {
+///     let _ = iter.alloc(i); // per-iteration scratch
+///     iter.clear();
+/// }
+/// ```
 pub struct SubPool<'p, 's> {
     pool: Pool<'s>,
     _parent: PhantomData<&'p Pool<'s>>,
@@ -899,6 +1065,14 @@ pub struct SubPool<'p, 's> {
 
 impl<'s> SubPool<'_, 's> {
     /// Clears the child (see [`Pool::clear`]).
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let mut child = pool.subpool();
+    /// let _ = child.alloc_str("scratch");
+    /// child.clear();
+    /// assert_eq!(child.stats().used_bytes, 0);
+    /// ```
     pub fn clear(&mut self) {
         self.pool.clear();
     }
@@ -956,6 +1130,14 @@ impl<'p, 's> PoolWriter<'p, 's> {
     ///
     /// # Panics
     /// Through [`std::alloc::handle_alloc_error`] if the pool's source fails.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let mut w = pool.writer();
+    /// w.push_bytes(b"GET ");
+    /// w.push_bytes(b"/");
+    /// assert_eq!(w.finish(), b"GET /");
+    /// ```
     pub fn push_bytes(&mut self, bytes: &[u8]) {
         if bytes.len() > self.cap - self.len {
             let want = (self.len + bytes.len()).max(self.cap * 2).max(64);
@@ -978,16 +1160,36 @@ impl<'p, 's> PoolWriter<'p, 's> {
     }
 
     /// Bytes written so far.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let mut w = pool.writer();
+    /// w.push_bytes(b"abc");
+    /// assert_eq!(w.len(), 3);
+    /// ```
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether nothing was written.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// assert!(pool.writer().is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The bytes written, in pool memory; unused room goes back to the pool.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let mut w = pool.writer();
+    /// w.push_bytes(b"done");
+    /// let bytes: &mut [u8] = w.finish(); // stays in the pool until it is cleared
+    /// assert_eq!(bytes, b"done");
+    /// ```
     pub fn finish(self) -> &'p mut [u8] {
         // SAFETY: the buffer is this pool's, with `len` initialised bytes.
         unsafe {
@@ -1047,6 +1249,13 @@ pub struct PoolVec<'p, 's, T> {
 
 impl<'p, 's, T> PoolVec<'p, 's, T> {
     /// An empty vector (takes no memory until the first push).
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let mut v = proxalloc::PoolVec::new_in(&pool);
+    /// v.push("x");
+    /// assert_eq!(v.len(), 1);
+    /// ```
     pub fn new_in(pool: &'p Pool<'s>) -> Self {
         PoolVec {
             pool,
@@ -1057,6 +1266,12 @@ impl<'p, 's, T> PoolVec<'p, 's, T> {
     }
 
     /// An empty vector with room for `cap` elements.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let v = proxalloc::PoolVec::<u64>::with_capacity_in(32, &pool);
+    /// assert!(v.capacity() >= 32);
+    /// ```
     pub fn with_capacity_in(cap: usize, pool: &'p Pool<'s>) -> Self {
         let mut v = Self::new_in(pool);
         v.reserve(cap);
@@ -1064,6 +1279,13 @@ impl<'p, 's, T> PoolVec<'p, 's, T> {
     }
 
     /// Makes room for `additional` more elements.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let mut v = proxalloc::PoolVec::<u8>::new_in(&pool);
+    /// v.reserve(100);
+    /// assert!(v.capacity() >= 100);
+    /// ```
     pub fn reserve(&mut self, additional: usize) {
         let need = self.len.checked_add(additional).expect("capacity overflow");
         if need <= self.cap {
@@ -1091,6 +1313,13 @@ impl<'p, 's, T> PoolVec<'p, 's, T> {
     }
 
     /// Appends `value`.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let mut v = proxalloc::PoolVec::new_in(&pool);
+    /// v.push(String::from("owned")); // dropped with the vector
+    /// assert_eq!(v[0], "owned");
+    /// ```
     #[inline]
     pub fn push(&mut self, value: T) {
         if self.len == self.cap {
@@ -1102,6 +1331,14 @@ impl<'p, 's, T> PoolVec<'p, 's, T> {
     }
 
     /// Removes and returns the last element.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let mut v = proxalloc::PoolVec::new_in(&pool);
+    /// v.push(1);
+    /// assert_eq!(v.pop(), Some(1));
+    /// assert_eq!(v.pop(), None);
+    /// ```
     pub fn pop(&mut self) -> Option<T> {
         if self.len == 0 {
             return None;
@@ -1112,11 +1349,26 @@ impl<'p, 's, T> PoolVec<'p, 's, T> {
     }
 
     /// Elements allocated room for.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let mut v = proxalloc::PoolVec::new_in(&pool);
+    /// v.push(1u32);
+    /// assert!(v.capacity() >= 1);
+    /// ```
     pub fn capacity(&self) -> usize {
         self.cap
     }
 
     /// Drops every element (the memory stays with the pool).
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let mut v = proxalloc::PoolVec::new_in(&pool);
+    /// v.extend([1, 2, 3]);
+    /// v.clear();
+    /// assert!(v.is_empty());
+    /// ```
     pub fn clear(&mut self) {
         let len = std::mem::replace(&mut self.len, 0);
         // SAFETY: the first `len` elements were initialised; now outside the vector.
@@ -1124,6 +1376,15 @@ impl<'p, 's, T> PoolVec<'p, 's, T> {
     }
 
     /// The elements, left in the pool (never dropped).
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let mut v = proxalloc::PoolVec::new_in(&pool);
+    /// v.extend_from_slice(&[3, 2, 1]);
+    /// let s = v.into_slice(); // lives as long as the pool's borrow, never dropped
+    /// s.sort();
+    /// assert_eq!(s, [1, 2, 3]);
+    /// ```
     pub fn into_slice(self) -> &'p mut [T] {
         let this = ManuallyDrop::new(self);
         // SAFETY: `len` initialised elements in pool memory that lives for `'p`.
@@ -1133,6 +1394,13 @@ impl<'p, 's, T> PoolVec<'p, 's, T> {
 
 impl<T: Clone> PoolVec<'_, '_, T> {
     /// Appends clones of `items`.
+    ///
+    /// ```
+    /// let pool = proxalloc::Pool::new();
+    /// let mut v = proxalloc::PoolVec::new_in(&pool);
+    /// v.extend_from_slice(&["a", "b"]);
+    /// assert_eq!(&v[..], ["a", "b"]);
+    /// ```
     pub fn extend_from_slice(&mut self, items: &[T]) {
         self.reserve(items.len());
         for x in items {
