@@ -239,21 +239,59 @@ impl<T: Recycle> RecyclingAllocator<T> {
     }
 
     /// The allocator's name.
+    ///
+    /// ```
+    /// # use proxalloc::{Recycle, RecyclingAllocator};
+    /// # struct B(Vec<u8>);
+    /// # impl Recycle for B { fn create() -> Self { B(Vec::new()) } fn recycle(&mut self) -> bool { true } }
+    /// let bufs = RecyclingAllocator::<B>::new("doc-recycling-name");
+    /// assert_eq!(bufs.name(), "doc-recycling-name");
+    /// ```
     pub fn name(&self) -> &'static str {
         self.inner.name()
     }
 
     /// A snapshot of the counters (see [`ClassAllocator::stats`]).
+    ///
+    /// ```
+    /// # use proxalloc::{Recycle, RecyclingAllocator};
+    /// # struct B(Vec<u8>);
+    /// # impl Recycle for B { fn create() -> Self { B(Vec::new()) } fn recycle(&mut self) -> bool { true } }
+    /// let bufs = RecyclingAllocator::<B>::new("doc-recycling-stats");
+    /// drop(bufs.get());
+    /// let s = bufs.stats();
+    /// assert_eq!((s.allocs, s.live, s.cached_in_threads), (1, 0, 1)); // cached, still constructed
+    /// ```
     pub fn stats(&self) -> Stats {
         self.inner.stats()
     }
 
     /// Drops every value this thread and the depot cache; returns the bytes released.
+    ///
+    /// ```
+    /// # use proxalloc::{Recycle, RecyclingAllocator};
+    /// # struct B(Vec<u8>);
+    /// # impl Recycle for B { fn create() -> Self { B(Vec::new()) } fn recycle(&mut self) -> bool { true } }
+    /// let bufs = RecyclingAllocator::<B>::new("doc-recycling-trim");
+    /// drop(bufs.get());
+    /// assert!(bufs.trim() > 0); // the cached value is dropped, its memory freed
+    /// assert_eq!(bufs.stats().cached_in_threads, 0);
+    /// ```
     pub fn trim(&self) -> usize {
         self.inner.trim()
     }
 
     /// Hands this thread's cached values to the depot and forgets this thread's cache.
+    ///
+    /// ```
+    /// # use proxalloc::{Recycle, RecyclingAllocator};
+    /// # struct B(Vec<u8>);
+    /// # impl Recycle for B { fn create() -> Self { B(Vec::new()) } fn recycle(&mut self) -> bool { true } }
+    /// let bufs = RecyclingAllocator::<B>::new("doc-recycling-release");
+    /// drop(bufs.get());
+    /// bufs.release_thread_cache(); // e.g. before a worker thread goes idle for long
+    /// assert_eq!(bufs.stats().cached_in_depot, 1);
+    /// ```
     pub fn release_thread_cache(&self) {
         self.inner.release_thread_cache()
     }
@@ -268,6 +306,19 @@ impl<T: Recycle> fmt::Debug for RecyclingAllocator<T> {
 }
 
 /// A value from a [`RecyclingAllocator`]; dropping it recycles the value.
+///
+/// ```
+/// use proxalloc::{Recycle, Recycled, RecyclingAllocator};
+/// struct Msg(String);
+/// impl Recycle for Msg {
+///     fn create() -> Self { Msg(String::new()) }
+///     fn recycle(&mut self) -> bool { self.0.clear(); true }
+/// }
+/// static MSGS: RecyclingAllocator<Msg> = RecyclingAllocator::new("doc-recycled");
+/// let mut m: Recycled<'static, Msg> = MSGS.get();
+/// m.0.push_str("hi"); // derefs to the value
+/// assert_eq!(m.0, "hi");
+/// ```
 pub struct Recycled<'a, T: Recycle> {
     ptr: NonNull<T>,
     alloc: &'a RecyclingAllocator<T>,
