@@ -404,7 +404,7 @@ impl<T> ClassAllocator<T> {
         if debug::ENABLED {
             let e = self.engine();
             debug::on_free(p.as_ptr() as usize, size_of::<T>(), e.instance(), self.name);
-            if self.hooks.is_none() {
+            if self.hooks.is_none_or(|h| h.values.is_none()) {
                 // SAFETY: the object's memory is ours until it is recycled below, and it
                 // holds no value (a recycling allocator's objects stay live: no poison).
                 unsafe { p.as_ptr().write_bytes(debug::POISON, size_of::<T>()) };
