@@ -140,3 +140,8 @@ pub mod __loom {
         }
     }
 }
+
+/// The README's Rust examples, run as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
