@@ -20,7 +20,18 @@ use crate::engine::Engine;
 use crate::stats::Stats;
 use crate::sync::Arc;
 
-/// The backing allocator could not supply memory for an object.
+/// The backing allocator could not supply memory for an object (or a
+/// [`Config::max_live`] cap refused one).
+///
+/// ```
+/// use proxalloc::{AllocError, ClassAllocator, Config};
+/// static NONE: ClassAllocator<u32> =
+///     ClassAllocator::with_config("doc-class-alloc-error", Config::new().max_live(0));
+/// let err = NONE.try_alloc(1).unwrap_err();
+/// assert_eq!(err, AllocError);
+/// assert_eq!(err.to_string(), "memory allocation failed");
+/// let _: &dyn std::error::Error = &err;
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AllocError;
 
@@ -89,12 +100,30 @@ pub struct ClassAllocator<T> {
 
 impl<T> ClassAllocator<T> {
     /// An allocator named `name`, with the default [`Config`].
+    ///
+    /// ```
+    /// use proxalloc::{ClassAllocator, Config};
+    /// static WORDS: ClassAllocator<u64> = ClassAllocator::new("doc-class-new");
+    /// assert_eq!(*WORDS.alloc(42), 42);
+    /// assert_eq!(*WORDS.config(), Config::new());
+    /// ```
     #[cfg(not(proxalloc_loom))]
     pub const fn new(name: &'static str) -> Self {
         Self::with_config(name, Config::new())
     }
 
     /// An allocator named `name` with `config`.
+    ///
+    /// ```
+    /// use proxalloc::{ClassAllocator, Config};
+    /// static FRAMES: ClassAllocator<[u8; 1024]> = ClassAllocator::with_config(
+    ///     "doc-class-with-config",
+    ///     Config::new().magazine_size(16).depot_bytes(256 << 10),
+    /// );
+    /// let f = FRAMES.alloc([7; 1024]);
+    /// assert_eq!(f[1023], 7);
+    /// assert_eq!(*FRAMES.config(), Config::new().magazine_size(16).depot_bytes(256 << 10));
+    /// ```
     #[cfg(not(proxalloc_loom))]
     pub const fn with_config(name: &'static str, config: Config) -> Self {
         Self::with_parts(name, config, None, None)
@@ -151,18 +180,45 @@ impl<T> ClassAllocator<T> {
         }
     }
 
-    /// The allocator's name.
+    /// The allocator's name, as given to [`new`](Self::new) or
+    /// [`with_config`](Self::with_config); the stats dumps list the allocator under it.
+    ///
+    /// ```
+    /// use proxalloc::ClassAllocator;
+    /// static SESSIONS: ClassAllocator<u64> = ClassAllocator::new("doc-class-name");
+    /// assert_eq!(SESSIONS.name(), "doc-class-name");
+    /// assert_eq!(SESSIONS.stats().name, "doc-class-name");
+    /// ```
     pub fn name(&self) -> &'static str {
         self.name
     }
 
     /// The configuration it was built with.
+    ///
+    /// ```
+    /// use proxalloc::{ClassAllocator, Config};
+    /// static CONNS: ClassAllocator<[u8; 512]> =
+    ///     ClassAllocator::with_config("doc-class-config", Config::new().max_live(10_000));
+    /// assert_eq!(*CONNS.config(), Config::new().max_live(10_000));
+    /// ```
     pub fn config(&self) -> &Config {
         &self.config
     }
 
     /// The caching mode in effect (the configured one, unless `PROXALLOC_BYPASS` forced
     /// [`CacheMode::Bypass`]).
+    ///
+    /// ```
+    /// use proxalloc::{CacheMode, ClassAllocator, Config, BYPASS_ENV};
+    /// static DIRECT: ClassAllocator<u64> =
+    ///     ClassAllocator::with_config("doc-class-mode-bypass", Config::new().mode(CacheMode::Bypass));
+    /// static SHARED: ClassAllocator<u64> =
+    ///     ClassAllocator::with_config("doc-class-mode-depot", Config::new().mode(CacheMode::DepotOnly));
+    /// assert_eq!(DIRECT.mode(), CacheMode::Bypass);
+    /// if std::env::var_os(BYPASS_ENV).is_none() {
+    ///     assert_eq!(SHARED.mode(), CacheMode::DepotOnly); // as configured
+    /// }
+    /// ```
     pub fn mode(&self) -> CacheMode {
         self.engine().mode()
     }
@@ -488,6 +544,16 @@ impl<T> ClassAllocator<T> {
     /// # Panics
     /// If the backing allocator fails (see [`try_alloc`](Self::try_alloc)), through
     /// [`std::alloc::handle_alloc_error`].
+    ///
+    /// ```
+    /// use proxalloc::ClassAllocator;
+    /// struct Conn { fd: i32, buffered: Vec<u8> }
+    /// static CONNS: ClassAllocator<Conn> = ClassAllocator::new("doc-class-alloc");
+    /// let mut c = CONNS.alloc(Conn { fd: 3, buffered: Vec::new() });
+    /// c.buffered.extend_from_slice(b"HTTP/1.1 200 OK"); // derefs to the object
+    /// assert_eq!((c.fd, c.buffered.len()), (3, 15));
+    /// assert_eq!(CONNS.stats().live, 1);
+    /// ```
     #[inline(always)]
     #[must_use = "dropping the handle frees the object at once"]
     pub fn alloc(&self, value: T) -> Pooled<'_, T> {
@@ -499,6 +565,19 @@ impl<T> ClassAllocator<T> {
     /// into the object's memory.
     ///
     /// If `init` panics, the memory goes back to the cache and the panic continues.
+    ///
+    /// ```
+    /// use proxalloc::ClassAllocator;
+    /// static TABLES: ClassAllocator<[u32; 256]> = ClassAllocator::new("doc-class-alloc-with");
+    /// let t = TABLES.alloc_with(|| std::array::from_fn(|i| i as u32 * 2));
+    /// assert_eq!(t[100], 200);
+    ///
+    /// // A panicking constructor gives the memory back: nothing stays live.
+    /// let r = std::panic::catch_unwind(|| TABLES.alloc_with(|| panic!("bad input")).len());
+    /// assert!(r.is_err());
+    /// drop(t);
+    /// assert_eq!(TABLES.stats().live, 0);
+    /// ```
     #[inline(always)]
     #[must_use = "dropping the handle frees the object at once"]
     pub fn alloc_with(&self, init: impl FnOnce() -> T) -> Pooled<'_, T> {
@@ -509,7 +588,17 @@ impl<T> ClassAllocator<T> {
     }
 
     /// Allocates an object holding `value`, or returns an error (dropping `value`) if the
-    /// backing allocator fails.
+    /// backing allocator fails, or if a [`Config::max_live`] cap is reached.
+    ///
+    /// ```
+    /// use proxalloc::{AllocError, ClassAllocator, Config};
+    /// static SLOTS: ClassAllocator<u64> =
+    ///     ClassAllocator::with_config("doc-class-try-alloc", Config::new().max_live(1));
+    /// let first = SLOTS.try_alloc(1).expect("under the cap");
+    /// assert_eq!(SLOTS.try_alloc(2).err(), Some(AllocError)); // the cap is reached
+    /// drop(first);
+    /// assert_eq!(*SLOTS.try_alloc(3).unwrap(), 3);
+    /// ```
     #[inline(always)]
     #[must_use = "dropping the result frees the object at once"]
     pub fn try_alloc(&self, value: T) -> Result<Pooled<'_, T>, AllocError> {
@@ -605,6 +694,15 @@ impl<T> ClassAllocator<T> {
     /// they come back when the thread exits or calls
     /// [`release_thread_cache`](Self::release_thread_cache), and at the thread's next
     /// slow path after a [`trim_all`](crate::trim_all) or this allocator's drop).
+    ///
+    /// ```
+    /// use proxalloc::ClassAllocator;
+    /// static PAGES: ClassAllocator<[u8; 4096]> = ClassAllocator::new("doc-class-trim");
+    /// drop((0..100).map(|_| PAGES.alloc([0; 4096])).collect::<Vec<_>>());
+    /// assert!(PAGES.stats().cached_bytes() > 0); // freed objects stay cached...
+    /// assert!(PAGES.trim() >= 4096);
+    /// assert_eq!(PAGES.stats().reserved_bytes(), 0); // ...until trimmed
+    /// ```
     pub fn trim(&self) -> usize {
         self.engine().trim() * std::mem::size_of::<T>()
     }
@@ -612,11 +710,32 @@ impl<T> ClassAllocator<T> {
     /// Hands this thread's cached objects to the depot and forgets this thread's cache
     /// (a worker about to idle for long, or a thread whose thread-local destructors may
     /// not run). The next allocation on this thread makes a new cache.
+    ///
+    /// ```
+    /// use proxalloc::ClassAllocator;
+    /// static JOBS: ClassAllocator<[u64; 8]> = ClassAllocator::new("doc-class-release");
+    /// drop(JOBS.alloc([0; 8]));
+    /// assert_eq!(JOBS.stats().cached_in_threads, 1);
+    /// JOBS.release_thread_cache(); // e.g. before this worker idles for long
+    /// let s = JOBS.stats();
+    /// assert_eq!((s.cached_in_threads, s.cached_in_depot), (0, 1));
+    /// ```
     pub fn release_thread_cache(&self) {
         self.engine().release_thread_cache();
     }
 
     /// A snapshot of this allocator's counters.
+    ///
+    /// ```
+    /// use proxalloc::ClassAllocator;
+    /// static MSGS: ClassAllocator<[u8; 128]> = ClassAllocator::new("doc-class-stats");
+    /// let a = MSGS.alloc([0; 128]);
+    /// drop(MSGS.alloc([1; 128]));
+    /// let s = MSGS.stats();
+    /// assert_eq!((s.allocs, s.frees, s.live), (2, 1, 1));
+    /// assert_eq!(s.object_size, 128);
+    /// # drop(a);
+    /// ```
     pub fn stats(&self) -> Stats {
         self.engine().stats()
     }
@@ -722,6 +841,17 @@ impl<T> Drop for SlotGuard<'_, T> {
 /// An object owned through a [`ClassAllocator`]: dropping it runs `T`'s destructor and
 /// recycles the memory into the dropping thread's cache.
 ///
+/// ```
+/// use proxalloc::{ClassAllocator, Pooled};
+/// static NUMS: ClassAllocator<Vec<u32>> = ClassAllocator::new("doc-pooled");
+/// let mut v: Pooled<'static, Vec<u32>> = NUMS.alloc(vec![1, 2]);
+/// v.push(3); // `DerefMut` to the object
+/// assert_eq!(*v, [1, 2, 3]);
+/// let moved = std::thread::spawn(move || v.len()).join().unwrap(); // `Send`: `Vec` is
+/// assert_eq!(moved, 3);
+/// assert_eq!(NUMS.stats().live, 0); // freed on the other thread
+/// ```
+///
 /// It is `Send`/`Sync` exactly when `T` is. A handle to a `!Send` type stays on its
 /// thread:
 ///
@@ -745,12 +875,30 @@ unsafe impl<T: Send> Send for Pooled<'_, T> {}
 unsafe impl<T: Sync> Sync for Pooled<'_, T> {}
 
 impl<'a, T> Pooled<'a, T> {
-    /// The allocator this object came from.
+    /// The allocator this object came from. (An associated function, not a method, so
+    /// that it cannot shadow a method of `T`: call it as `Pooled::allocator(&handle)`.)
+    ///
+    /// ```
+    /// use proxalloc::{ClassAllocator, Pooled};
+    /// static IDS: ClassAllocator<u64> = ClassAllocator::new("doc-pooled-allocator");
+    /// let id = IDS.alloc(9);
+    /// assert!(std::ptr::eq(Pooled::allocator(&id), &IDS));
+    /// assert_eq!(Pooled::allocator(&id).name(), "doc-pooled-allocator");
+    /// ```
     pub fn allocator(this: &Self) -> &'a ClassAllocator<T> {
         this.alloc
     }
 
     /// Moves the value out and recycles the memory.
+    ///
+    /// ```
+    /// use proxalloc::{ClassAllocator, Pooled};
+    /// static LINES: ClassAllocator<String> = ClassAllocator::new("doc-pooled-into-inner");
+    /// let line = LINES.alloc("GET / HTTP/1.1".to_string());
+    /// let owned: String = Pooled::into_inner(line);
+    /// assert_eq!(owned, "GET / HTTP/1.1");
+    /// assert_eq!(LINES.stats().live, 0); // the slot is back in the cache
+    /// ```
     pub fn into_inner(this: Self) -> T {
         let this = ManuallyDrop::new(this);
         // SAFETY: the handle owns an initialised value, read exactly once here.
@@ -762,6 +910,16 @@ impl<'a, T> Pooled<'a, T> {
 
     /// Gives up ownership without dropping or recycling; the object stays allocated.
     /// Pair with [`from_raw`](Self::from_raw) or [`ClassAllocator`]-aware code.
+    ///
+    /// ```
+    /// use proxalloc::{ClassAllocator, Pooled};
+    /// static NODES: ClassAllocator<u64> = ClassAllocator::new("doc-pooled-into-raw");
+    /// let raw = Pooled::into_raw(NODES.alloc(5)); // e.g. stored in an intrusive list
+    /// assert_eq!(NODES.stats().live, 1);
+    /// // SAFETY: `raw` came from `into_raw` on an object of `NODES`, and is used once.
+    /// let back = unsafe { Pooled::from_raw(&NODES, raw) };
+    /// assert_eq!(*back, 5);
+    /// ```
     pub fn into_raw(this: Self) -> NonNull<T> {
         ManuallyDrop::new(this).ptr
     }
@@ -771,6 +929,17 @@ impl<'a, T> Pooled<'a, T> {
     /// # Safety
     /// `ptr` is an object of `alloc` holding an initialised value (as `into_raw` gives
     /// out), and no other handle owns it.
+    ///
+    /// ```
+    /// use proxalloc::{ClassAllocator, Pooled};
+    /// static TIMERS: ClassAllocator<u32> = ClassAllocator::new("doc-pooled-from-raw");
+    /// let p = Pooled::into_raw(TIMERS.alloc(30));
+    /// // SAFETY: `p` is an initialised object of `TIMERS` that no handle owns.
+    /// let h = unsafe { Pooled::from_raw(&TIMERS, p) };
+    /// assert_eq!(Pooled::as_ptr(&h), p.as_ptr().cast_const());
+    /// drop(h); // dropped and recycled as usual
+    /// assert_eq!(TIMERS.stats().live, 0);
+    /// ```
     pub unsafe fn from_raw(alloc: &'a ClassAllocator<T>, ptr: NonNull<T>) -> Self {
         Pooled {
             ptr,
@@ -780,12 +949,31 @@ impl<'a, T> Pooled<'a, T> {
     }
 
     /// Leaks the object: it is never dropped and its memory never recycled.
+    ///
+    /// ```
+    /// use proxalloc::{ClassAllocator, Pooled};
+    /// static SETTINGS: ClassAllocator<u32> = ClassAllocator::new("doc-pooled-leak");
+    /// let forever: &'static mut u32 = Pooled::leak(SETTINGS.alloc(1));
+    /// *forever += 1;
+    /// assert_eq!(*forever, 2);
+    /// assert_eq!(SETTINGS.stats().live, 1); // still counted as live
+    /// ```
     pub fn leak(this: Self) -> &'a mut T {
         // SAFETY: the value is initialised and owned; it is never freed.
         unsafe { &mut *Self::into_raw(this).as_ptr() }
     }
 
     /// A raw pointer to the object (the handle keeps ownership).
+    ///
+    /// ```
+    /// use proxalloc::{ClassAllocator, Pooled};
+    /// static KEYS: ClassAllocator<u64> = ClassAllocator::new("doc-pooled-as-ptr");
+    /// let k = KEYS.alloc(11);
+    /// let p = Pooled::as_ptr(&k);
+    /// assert_eq!(p, &*k as *const u64);
+    /// // SAFETY: `k` still owns the object, so it is live.
+    /// assert_eq!(unsafe { *p }, 11);
+    /// ```
     pub fn as_ptr(this: &Self) -> *const T {
         this.ptr.as_ptr()
     }
@@ -896,6 +1084,19 @@ impl<T: Hash> Hash for Pooled<'_, T> {
 
 /// This thread's cache of one allocator, in hand: see [`ClassAllocator::with_local`].
 /// Allocations and frees through it skip the thread-local lookup.
+///
+/// ```
+/// use proxalloc::{ClassAllocator, LocalCache};
+/// static PACKETS: ClassAllocator<[u8; 64]> = ClassAllocator::new("doc-local-cache");
+/// fn echo(cache: &LocalCache<'static, [u8; 64]>, byte: u8) -> u8 {
+///     let p = cache.alloc([byte; 64]);
+///     let first = p[0];
+///     cache.free(p);
+///     first
+/// }
+/// assert_eq!(PACKETS.with_local(|cache| echo(cache, 9)), 9);
+/// assert_eq!(PACKETS.stats().live, 0);
+/// ```
 pub struct LocalCache<'a, T> {
     alloc: &'a ClassAllocator<T>,
     /// This thread's cache, pinned for the whole `with_local` call; `None` once
@@ -911,6 +1112,16 @@ impl<'a, T> LocalCache<'a, T> {
     }
 
     /// Allocates an object holding `value` (see [`ClassAllocator::alloc`]).
+    ///
+    /// ```
+    /// use proxalloc::ClassAllocator;
+    /// static EVENTS: ClassAllocator<(u32, u32)> = ClassAllocator::new("doc-local-alloc");
+    /// let sum = EVENTS.with_local(|cache| {
+    ///     let e = cache.alloc((2, 3));
+    ///     e.0 + e.1 // `e` drops here, through the thread-local lookup
+    /// });
+    /// assert_eq!(sum, 5);
+    /// ```
     #[inline]
     #[must_use = "dropping the handle frees the object at once"]
     pub fn alloc(&self, value: T) -> Pooled<'a, T> {
@@ -918,6 +1129,18 @@ impl<'a, T> LocalCache<'a, T> {
     }
 
     /// Allocates an object constructed by `init` (see [`ClassAllocator::alloc_with`]).
+    ///
+    /// ```
+    /// use proxalloc::ClassAllocator;
+    /// static ROWS: ClassAllocator<[u16; 32]> = ClassAllocator::new("doc-local-alloc-with");
+    /// let last = ROWS.with_local(|cache| {
+    ///     let row = cache.alloc_with(|| std::array::from_fn(|i| i as u16));
+    ///     let last = row[31];
+    ///     cache.free(row);
+    ///     last
+    /// });
+    /// assert_eq!(last, 31);
+    /// ```
     #[inline]
     #[must_use = "dropping the handle frees the object at once"]
     pub fn alloc_with(&self, init: impl FnOnce() -> T) -> Pooled<'a, T> {
@@ -948,6 +1171,25 @@ impl<'a, T> LocalCache<'a, T> {
     ///
     /// # Panics
     /// If `object` came from a different allocator.
+    ///
+    /// ```
+    /// use proxalloc::ClassAllocator;
+    /// static BUFS: ClassAllocator<Vec<u8>> = ClassAllocator::new("doc-local-free");
+    /// BUFS.with_local(|cache| {
+    ///     let b = cache.alloc(vec![0; 16]);
+    ///     cache.free(b); // drops the `Vec`, recycles the slot into this cache
+    /// });
+    /// let s = BUFS.stats();
+    /// assert_eq!((s.live, s.cached_in_threads), (0, 1));
+    /// ```
+    ///
+    /// ```should_panic
+    /// use proxalloc::ClassAllocator;
+    /// static A: ClassAllocator<u8> = ClassAllocator::new("doc-local-free-a");
+    /// static B: ClassAllocator<u8> = ClassAllocator::new("doc-local-free-b");
+    /// let b = B.alloc(1);
+    /// A.with_local(|cache| cache.free(b)); // panics: `b` belongs to `B`
+    /// ```
     #[inline]
     pub fn free(&self, object: Pooled<'_, T>) {
         assert!(

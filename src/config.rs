@@ -1,6 +1,18 @@
 //! Allocator configuration: sizes, budgets and the caching mode.
 
-/// How a [`ClassAllocator`](crate::ClassAllocator) caches freed objects.
+/// How a [`ClassAllocator`](crate::ClassAllocator) caches freed objects, chosen with
+/// [`Config::mode`].
+///
+/// ```
+/// use proxalloc::{CacheMode, ClassAllocator, Config};
+/// static PLAIN: ClassAllocator<[u8; 32]> =
+///     ClassAllocator::with_config("doc-cache-mode", Config::new().mode(CacheMode::Bypass));
+/// drop(PLAIN.alloc([0; 32]));
+/// let s = PLAIN.stats();
+/// assert_eq!(PLAIN.mode(), CacheMode::Bypass);
+/// assert_eq!((s.backing_allocs, s.backing_frees, s.cached_in_threads), (1, 1, 0)); // nothing cached
+/// assert_eq!(Config::new(), Config::new().mode(CacheMode::ThreadCaches)); // the default
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CacheMode {
     /// Per-thread magazine caches in front of the shared depot (the default).
@@ -17,6 +29,15 @@ pub enum CacheMode {
 /// Name of the environment variable that forces [`CacheMode::Bypass`] on every allocator
 /// when it is set to `1`, `true`, `yes` or `on`. It is read once per allocator, when the
 /// allocator is first used.
+///
+/// ```
+/// use proxalloc::{CacheMode, ClassAllocator, BYPASS_ENV};
+/// assert_eq!(BYPASS_ENV, "PROXALLOC_BYPASS");
+/// // As if the program ran under `PROXALLOC_BYPASS=1` (say, under valgrind):
+/// std::env::set_var(BYPASS_ENV, "1");
+/// static TRACED: ClassAllocator<u64> = ClassAllocator::new("doc-bypass-env");
+/// assert_eq!(TRACED.mode(), CacheMode::Bypass); // read now, at first use
+/// ```
 pub const BYPASS_ENV: &str = "PROXALLOC_BYPASS";
 
 /// Tuning for one [`ClassAllocator`](crate::ClassAllocator).
@@ -51,23 +72,70 @@ pub struct Config {
 }
 
 /// Largest accepted magazine size; larger values are clamped to it.
+///
+/// ```
+/// use proxalloc::{Config, MAX_MAGAZINE_SIZE};
+/// assert_eq!(MAX_MAGAZINE_SIZE, 1024);
+/// assert_eq!(
+///     Config::new().magazine_size(1 << 20),
+///     Config::new().magazine_size(MAX_MAGAZINE_SIZE),
+/// );
+/// ```
 pub const MAX_MAGAZINE_SIZE: usize = 1024;
 
 impl Config {
     /// Default objects per magazine.
+    ///
+    /// ```
+    /// use proxalloc::Config;
+    /// assert_eq!(Config::DEFAULT_MAGAZINE_SIZE, 64);
+    /// assert_eq!(Config::new(), Config::new().magazine_size(Config::DEFAULT_MAGAZINE_SIZE));
+    /// ```
     pub const DEFAULT_MAGAZINE_SIZE: usize = 64;
     /// Default budget for bytes of free objects held in the depot (per allocator).
+    ///
+    /// ```
+    /// use proxalloc::Config;
+    /// assert_eq!(Config::DEFAULT_DEPOT_BYTES, 2 << 20); // 2 MiB
+    /// assert_eq!(Config::new(), Config::new().depot_bytes(Config::DEFAULT_DEPOT_BYTES));
+    /// ```
     pub const DEFAULT_DEPOT_BYTES: usize = 2 << 20;
     /// Default bound on bytes of free objects one thread caches for one allocator in its
     /// loaded and previous magazines.
+    ///
+    /// ```
+    /// use proxalloc::Config;
+    /// assert_eq!(Config::DEFAULT_THREAD_CACHE_BYTES, 16 << 10); // 16 KiB
+    /// assert_eq!(
+    ///     Config::new(),
+    ///     Config::new().thread_cache_bytes(Config::DEFAULT_THREAD_CACHE_BYTES),
+    /// );
+    /// ```
     pub const DEFAULT_THREAD_CACHE_BYTES: usize = 16 << 10;
     /// Default bound on the bytes one thread's cache may grow by for one allocator (its
     /// stash of further full magazines), granted from the process-wide thread-cache
     /// budget (see [`set_thread_cache_budget`](crate::set_thread_cache_budget)).
+    ///
+    /// ```
+    /// use proxalloc::Config;
+    /// assert_eq!(Config::DEFAULT_THREAD_CACHE_GROWTH_BYTES, 1 << 20); // 1 MiB
+    /// assert_eq!(
+    ///     Config::new(),
+    ///     Config::new().thread_cache_growth_bytes(Config::DEFAULT_THREAD_CACHE_GROWTH_BYTES),
+    /// );
+    /// ```
     pub const DEFAULT_THREAD_CACHE_GROWTH_BYTES: usize = 1 << 20;
 
     /// The defaults: 64-object magazines, a 2 MiB depot budget, a 256 KiB bound per
     /// thread cache, [`CacheMode::ThreadCaches`].
+    ///
+    /// ```
+    /// use proxalloc::{ClassAllocator, Config};
+    /// const DEFAULTS: Config = Config::new(); // usable in `const` and `static` items
+    /// assert_eq!(DEFAULTS, Config::default());
+    /// static ITEMS: ClassAllocator<u64> = ClassAllocator::with_config("doc-config-new", DEFAULTS);
+    /// assert_eq!(*ITEMS.config(), *ClassAllocator::<u64>::new("doc-config-new-2").config());
+    /// ```
     pub const fn new() -> Self {
         Config {
             magazine_size: Self::DEFAULT_MAGAZINE_SIZE,
@@ -83,6 +151,19 @@ impl Config {
     /// Objects per magazine (clamped to `1..=MAX_MAGAZINE_SIZE`). Each trip to the depot
     /// moves this many objects, so larger magazines mean fewer shared operations and more
     /// memory held per thread.
+    ///
+    /// ```
+    /// use proxalloc::{ClassAllocator, Config};
+    /// // Out-of-range sizes are clamped, never rejected:
+    /// assert_eq!(Config::new().magazine_size(0), Config::new().magazine_size(1));
+    /// static SMALL: ClassAllocator<u64> =
+    ///     ClassAllocator::with_config("doc-config-magazine", Config::new().magazine_size(4));
+    /// drop((0..20).map(|i| SMALL.alloc(i)).collect::<Vec<_>>());
+    /// // This thread keeps at most two magazines of 4; the rest went to the depot.
+    /// let s = SMALL.stats();
+    /// assert!(s.cached_in_threads <= 8);
+    /// assert_eq!(s.cached_in_threads + s.cached_in_depot, 20);
+    /// ```
     pub const fn magazine_size(mut self, objects: usize) -> Self {
         self.magazine_size = if objects == 0 {
             1
@@ -97,6 +178,17 @@ impl Config {
     /// Byte budget for free objects kept in the depot. A spill that would go over it
     /// returns that magazine's objects to the backing allocator instead. `0` caches
     /// nothing in the depot.
+    ///
+    /// ```
+    /// use proxalloc::{ClassAllocator, Config};
+    /// static NO_DEPOT: ClassAllocator<[u8; 64]> =
+    ///     ClassAllocator::with_config("doc-config-depot", Config::new().depot_bytes(0));
+    /// drop(NO_DEPOT.alloc([0; 64]));
+    /// NO_DEPOT.release_thread_cache(); // would hand the object to the depot...
+    /// let s = NO_DEPOT.stats();
+    /// assert_eq!(s.cached_in_depot, 0); // ...which keeps nothing: back to the system
+    /// assert_eq!(s.reserved_bytes(), 0);
+    /// ```
     pub const fn depot_bytes(mut self, bytes: usize) -> Self {
         self.depot_bytes = bytes;
         self
@@ -105,6 +197,15 @@ impl Config {
     /// Bound on the bytes of free objects one thread caches (in its two magazines). For
     /// large objects it shrinks the magazine below [`magazine_size`](Self::magazine_size),
     /// never below one object.
+    ///
+    /// ```
+    /// use proxalloc::{ClassAllocator, Config};
+    /// // 4 KiB objects under an 8 KiB bound: magazines of one object, not 64.
+    /// static PAGES: ClassAllocator<[u8; 4096]> =
+    ///     ClassAllocator::with_config("doc-config-thread-bytes", Config::new().thread_cache_bytes(8 << 10));
+    /// drop((0..10).map(|_| PAGES.alloc([0; 4096])).collect::<Vec<_>>());
+    /// assert!(PAGES.stats().cached_in_threads <= 2);
+    /// ```
     pub const fn thread_cache_bytes(mut self, bytes: usize) -> Self {
         self.thread_cache_bytes = bytes;
         self
@@ -116,6 +217,20 @@ impl Config {
     /// stops going through the shared depot. Growth is granted from the process-wide
     /// thread-cache budget and returned when the thread goes idle, is flushed by
     /// `trim_all`, or exits; `0` keeps every thread at two magazines.
+    ///
+    /// ```
+    /// use proxalloc::{ClassAllocator, Config};
+    /// static FLAT: ClassAllocator<u64> = ClassAllocator::with_config(
+    ///     "doc-config-growth",
+    ///     Config::new().magazine_size(4).thread_cache_growth_bytes(0),
+    /// );
+    /// // Batches larger than two magazines, again and again: with no growth, this
+    /// // thread never caches more than its two magazines of 4.
+    /// for _ in 0..3 {
+    ///     drop((0..32).map(|i| FLAT.alloc(i)).collect::<Vec<_>>());
+    ///     assert!(FLAT.stats().cached_in_threads <= 8);
+    /// }
+    /// ```
     pub const fn thread_cache_growth_bytes(mut self, bytes: usize) -> Self {
         self.thread_cache_growth_bytes = bytes;
         self
@@ -146,6 +261,15 @@ impl Config {
     }
 
     /// Selects the caching mode.
+    ///
+    /// ```
+    /// use proxalloc::{CacheMode, ClassAllocator, Config};
+    /// static SHARED: ClassAllocator<u64> =
+    ///     ClassAllocator::with_config("doc-config-mode", Config::new().mode(CacheMode::DepotOnly));
+    /// drop(SHARED.alloc(1));
+    /// let s = SHARED.stats();
+    /// assert_eq!((s.cached_in_threads, s.cached_in_depot), (0, 1)); // straight to the depot
+    /// ```
     pub const fn mode(mut self, mode: CacheMode) -> Self {
         self.mode = mode;
         self

@@ -101,6 +101,12 @@ pub fn set_thread_cache_budget(bytes: usize) {
 }
 
 /// The process-wide thread-cache budget: `(bytes granted to thread caches now, limit)`.
+///
+/// ```
+/// let (granted, limit) = proxalloc::thread_cache_budget();
+/// assert_eq!(limit, 32 << 20); // the default, unless set_thread_cache_budget changed it
+/// assert!(granted <= limit);
+/// ```
 pub fn thread_cache_budget() -> (usize, usize) {
     let b = cache::thread_cache_budget();
     (b.used(), b.limit())

@@ -57,6 +57,17 @@ impl<T> ClassAllocator<T> {
     ///
     /// # Panics
     /// If the backing allocator fails, through [`std::alloc::handle_alloc_error`].
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use proxalloc::{ClassAllocator, Owned};
+    /// let jobs = Arc::new(ClassAllocator::<Vec<u32>>::new("doc-owned-alloc-arc"));
+    /// let job: Owned<Vec<u32>> = jobs.alloc_arc(vec![1, 2, 3]);
+    /// assert_eq!(Arc::strong_count(&jobs), 2); // the handle holds the allocator
+    /// let sum = std::thread::spawn(move || job.iter().sum::<u32>()).join().unwrap();
+    /// assert_eq!(sum, 6);
+    /// assert_eq!(Arc::strong_count(&jobs), 1);
+    /// ```
     #[inline]
     #[must_use = "dropping the handle frees the object at once"]
     pub fn alloc_arc(self: &Arc<Self>, value: T) -> Owned<T> {
@@ -68,7 +79,21 @@ impl<T> ClassAllocator<T> {
     }
 
     /// Like [`alloc_arc`](Self::alloc_arc), but returns an error (dropping `value`) if
-    /// the backing allocator fails.
+    /// the backing allocator fails, or if a [`Config::max_live`](crate::Config::max_live)
+    /// cap is reached.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use proxalloc::{AllocError, ClassAllocator, Config};
+    /// let conns = Arc::new(ClassAllocator::<u64>::with_config(
+    ///     "doc-owned-try-alloc-arc",
+    ///     Config::new().max_live(1),
+    /// ));
+    /// let c = conns.try_alloc_arc(1).expect("under the cap");
+    /// assert_eq!(conns.try_alloc_arc(2).err(), Some(AllocError));
+    /// drop(c);
+    /// assert_eq!(*conns.try_alloc_arc(3).unwrap(), 3);
+    /// ```
     #[inline]
     #[must_use = "dropping the result frees the object at once"]
     pub fn try_alloc_arc(self: &Arc<Self>, value: T) -> Result<Owned<T>, AllocError> {
@@ -81,12 +106,33 @@ impl<T> ClassAllocator<T> {
 }
 
 impl<T> Owned<T> {
-    /// The allocator this object came from.
+    /// The allocator this object came from (an associated function: call it as
+    /// `Owned::allocator(&handle)`).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use proxalloc::{ClassAllocator, Owned};
+    /// let names = Arc::new(ClassAllocator::<String>::new("doc-owned-allocator"));
+    /// let n = names.alloc_arc("a".to_string());
+    /// assert!(Arc::ptr_eq(Owned::allocator(&n), &names));
+    /// assert_eq!(Owned::allocator(&n).stats().live, 1);
+    /// ```
     pub fn allocator(this: &Self) -> &Arc<ClassAllocator<T>> {
         &this.alloc
     }
 
     /// Moves the value out and recycles the memory.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use proxalloc::{ClassAllocator, Owned};
+    /// let bodies = Arc::new(ClassAllocator::<Vec<u8>>::new("doc-owned-into-inner"));
+    /// let body = bodies.alloc_arc(b"payload".to_vec());
+    /// let v: Vec<u8> = Owned::into_inner(body);
+    /// assert_eq!(v, b"payload");
+    /// assert_eq!(bodies.stats().live, 0);
+    /// assert_eq!(Arc::strong_count(&bodies), 1); // the handle's clone is gone too
+    /// ```
     pub fn into_inner(this: Self) -> T {
         let this = ManuallyDrop::new(this);
         // SAFETY: the handle owns an initialised object of `alloc`; the handle is given

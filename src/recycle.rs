@@ -65,12 +65,45 @@ use crate::stats::Stats;
 /// ```
 pub trait Recycle: Sized + Send + 'static {
     /// A fresh value, for when no recycled one is cached.
+    ///
+    /// ```
+    /// use proxalloc::{Recycle, RecyclingAllocator};
+    /// struct Buf(Vec<u8>);
+    /// impl Recycle for Buf {
+    ///     fn create() -> Self { Buf(Vec::with_capacity(512)) } // sized for the common case
+    ///     fn recycle(&mut self) -> bool { self.0.clear(); true }
+    /// }
+    /// static BUFS: RecyclingAllocator<Buf> = RecyclingAllocator::new("doc-recycle-create");
+    /// assert!(BUFS.get().0.capacity() >= 512); // nothing cached yet: made by `create`
+    /// ```
     fn create() -> Self;
 
     /// Resets `self` for its next user, or returns `false` to have it dropped instead
     /// (for example when a buffer grew past a bound; shrinking it with `shrink_to` and
     /// returning `true` is the other choice). If it panics, the value is dropped and the
     /// panic continues.
+    ///
+    /// ```
+    /// use proxalloc::{Recycle, RecyclingAllocator};
+    /// struct Buf(Vec<u8>);
+    /// impl Recycle for Buf {
+    ///     fn create() -> Self { Buf(Vec::new()) }
+    ///     fn recycle(&mut self) -> bool {
+    ///         self.0.clear();
+    ///         self.0.capacity() <= 4096 // a buffer that grew past 4 KiB is dropped
+    ///     }
+    /// }
+    /// static BUFS: RecyclingAllocator<Buf> = RecyclingAllocator::new("doc-recycle-recycle");
+    /// let mut small = BUFS.get();
+    /// small.0.extend_from_slice(&[1; 100]);
+    /// drop(small); // cleared and kept
+    /// assert_eq!(BUFS.stats().cached_in_threads, 1);
+    /// let mut big = BUFS.get();
+    /// assert!(big.0.is_empty()); // the recycled value, reset
+    /// big.0.resize(1 << 20, 0);
+    /// drop(big); // refused: dropped, not cached
+    /// assert_eq!(BUFS.stats().cached_in_threads, 0);
+    /// ```
     fn recycle(&mut self) -> bool;
 }
 
@@ -440,6 +473,23 @@ impl<T: Recycle> RecyclingAllocator<T> {
     ///
     /// # Panics
     /// As for [`get`](Self::get).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use proxalloc::{OwnedRecycled, Recycle, RecyclingAllocator};
+    /// struct Scratch(Vec<u64>);
+    /// impl Recycle for Scratch {
+    ///     fn create() -> Self { Scratch(Vec::new()) }
+    ///     fn recycle(&mut self) -> bool { self.0.clear(); true }
+    /// }
+    /// let scratch = Arc::new(RecyclingAllocator::<Scratch>::new("doc-recycling-get-arc"));
+    /// let mut s: OwnedRecycled<Scratch> = scratch.get_arc();
+    /// s.0.push(1);
+    /// assert_eq!(Arc::strong_count(&scratch), 2); // the handle holds the allocator
+    /// drop(s); // recycled into this thread's cache
+    /// assert_eq!(Arc::strong_count(&scratch), 1);
+    /// assert!(scratch.get_arc().0.is_empty());
+    /// ```
     #[must_use = "dropping the handle recycles the value at once"]
     pub fn get_arc(self: &std::sync::Arc<Self>) -> OwnedRecycled<T> {
         let handle = std::mem::ManuallyDrop::new(self.get());

@@ -21,12 +21,28 @@ pub trait StaticClass: Sized + 'static {
     type Object;
 
     /// The allocator.
+    ///
+    /// ```
+    /// use proxalloc::{static_class, StaticClass};
+    /// static_class!(Timers: u64 = "doc-static-class-allocator");
+    /// let t = Timers::alloc(500);
+    /// assert_eq!(Timers::allocator().name(), "doc-static-class-allocator");
+    /// assert_eq!(Timers::allocator().stats().live, 1);
+    /// # drop(t);
+    /// ```
     fn allocator() -> &'static ClassAllocator<Self::Object>;
 
     /// Allocates an object holding `value`, with a one-word handle.
     ///
     /// # Panics
     /// If the backing allocator fails, through [`std::alloc::handle_alloc_error`].
+    ///
+    /// ```
+    /// use proxalloc::{static_class, StaticClass, Thin};
+    /// static_class!(Spans: (u32, u32) = "doc-static-class-alloc");
+    /// let s: Thin<Spans> = Spans::alloc((10, 20));
+    /// assert_eq!(s.1 - s.0, 10);
+    /// ```
     #[inline(always)]
     #[must_use = "dropping the handle frees the object at once"]
     fn alloc(value: Self::Object) -> Thin<Self> {
@@ -35,6 +51,15 @@ pub trait StaticClass: Sized + 'static {
 
     /// Like [`alloc`](Self::alloc), but returns an error (dropping `value`) if the
     /// backing allocator fails.
+    ///
+    /// ```
+    /// use proxalloc::{static_class, AllocError, Config, StaticClass};
+    /// static_class!(Slots: u32 = "doc-static-class-try-alloc", Config::new().max_live(1));
+    /// let first = Slots::try_alloc(1).expect("under the cap");
+    /// assert_eq!(Slots::try_alloc(2).err(), Some(AllocError));
+    /// drop(first);
+    /// assert!(Slots::try_alloc(3).is_ok());
+    /// ```
     #[inline(always)]
     #[must_use = "dropping the result frees the object at once"]
     fn try_alloc(value: Self::Object) -> Result<Thin<Self>, AllocError> {
@@ -86,6 +111,17 @@ macro_rules! static_class {
 /// object's destructor and recycles the memory into the dropping thread's cache, as
 /// [`Pooled`] does. `Send`/`Sync` exactly when the object type is.
 ///
+/// ```
+/// use proxalloc::{static_class, StaticClass, Thin};
+/// static_class!(Jobs: Vec<u8> = "doc-thin");
+/// let mut job: Thin<Jobs> = Thin::new(Vec::new());
+/// job.push(1); // `DerefMut` to the object
+/// let handles: Vec<Thin<Jobs>> = (0..3).map(|_| Jobs::alloc(vec![0; 8])).collect();
+/// assert_eq!(std::mem::size_of_val(&handles[..]), 3 * std::mem::size_of::<usize>());
+/// let len = std::thread::spawn(move || job.len()).join().unwrap(); // `Send`: `Vec` is
+/// assert_eq!(len, 1);
+/// ```
+///
 /// ```compile_fail
 /// use proxalloc::{static_class, StaticClass};
 /// static_class!(Rcs: std::rc::Rc<u8> = "rcs");
@@ -105,6 +141,14 @@ unsafe impl<C: StaticClass> Sync for Thin<C> where C::Object: Sync {}
 
 impl<C: StaticClass> Thin<C> {
     /// Allocates an object holding `value` (see [`StaticClass::alloc`]).
+    ///
+    /// ```
+    /// use proxalloc::{static_class, StaticClass, Thin};
+    /// static_class!(Ids: u64 = "doc-thin-new");
+    /// let id = Thin::<Ids>::new(7);
+    /// assert_eq!(*id, 7);
+    /// assert_eq!(Ids::allocator().stats().live, 1);
+    /// ```
     #[inline(always)]
     #[must_use = "dropping the handle frees the object at once"]
     pub fn new(value: C::Object) -> Self {
@@ -116,6 +160,14 @@ impl<C: StaticClass> Thin<C> {
 
     /// Like [`new`](Self::new), but returns an error (dropping `value`) if the backing
     /// allocator fails.
+    ///
+    /// ```
+    /// use proxalloc::{static_class, AllocError, Config, Thin};
+    /// static_class!(Capped: u64 = "doc-thin-try-new", Config::new().max_live(0));
+    /// assert_eq!(Thin::<Capped>::try_new(1).err(), Some(AllocError));
+    /// static_class!(Open: u64 = "doc-thin-try-new-open");
+    /// assert_eq!(*Thin::<Open>::try_new(2).unwrap(), 2);
+    /// ```
     #[inline(always)]
     #[must_use = "dropping the result frees the object at once"]
     pub fn try_new(value: C::Object) -> Result<Self, AllocError> {
@@ -125,7 +177,19 @@ impl<C: StaticClass> Thin<C> {
         })
     }
 
-    /// The two-word handle for the same object.
+    /// The two-word handle for the same object (and back with `Thin::from`).
+    ///
+    /// ```
+    /// use proxalloc::{static_class, Pooled, StaticClass, Thin};
+    /// static_class!(Frames: [u8; 16] = "doc-thin-into-pooled");
+    /// let thin = Frames::alloc([3; 16]);
+    /// let addr = &*thin as *const [u8; 16];
+    /// let pooled: Pooled<'static, [u8; 16]> = Thin::into_pooled(thin);
+    /// assert_eq!(Pooled::as_ptr(&pooled), addr); // the same object, not a copy
+    /// assert!(std::ptr::eq(Pooled::allocator(&pooled), Frames::allocator()));
+    /// let thin_again: Thin<Frames> = Thin::from(pooled);
+    /// assert_eq!(thin_again[0], 3);
+    /// ```
     pub fn into_pooled(this: Self) -> Pooled<'static, C::Object> {
         let this = ManuallyDrop::new(this);
         // SAFETY: the handle owns an initialised object of `C`'s allocator, and gives
@@ -134,6 +198,15 @@ impl<C: StaticClass> Thin<C> {
     }
 
     /// Moves the value out and recycles the memory.
+    ///
+    /// ```
+    /// use proxalloc::{static_class, StaticClass, Thin};
+    /// static_class!(Names: String = "doc-thin-into-inner");
+    /// let name = Names::alloc("proxalloc".to_string());
+    /// let s: String = Thin::into_inner(name);
+    /// assert_eq!(s, "proxalloc");
+    /// assert_eq!(Names::allocator().stats().live, 0);
+    /// ```
     pub fn into_inner(this: Self) -> C::Object {
         Pooled::into_inner(Self::into_pooled(this))
     }
