@@ -8,6 +8,15 @@
 //! - create-use-clear loop of a pool on each of two threads.
 //!
 //! `cargo bench --bench pool -- [rounds]`
+//!
+//! For instruction counts, `w6-pool N` or `w6-bumpalo N` runs only that W6 loop, N
+//! samples of 10,000 allocations each (after one warm-up sample), and prints nothing:
+//!
+//! ```sh
+//! B=$(cargo bench --bench pool --no-run 2>&1 | grep -o 'target/[^)]*')
+//! valgrind --tool=callgrind --callgrind-out-file=/dev/null $B w6-pool 0    # baseline
+//! valgrind --tool=callgrind --callgrind-out-file=/dev/null $B w6-pool 100  # minus it, / 1e6
+//! ```
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -178,7 +187,32 @@ fn table(title: &str, unit: &str, rows: &[(&str, f64)]) {
     }
 }
 
+/// `w6-pool N` / `w6-bumpalo N`: only that loop (see the module comment).
+fn only(which: &str, samples: usize) {
+    let sizes = sizes();
+    match which {
+        "w6-pool" => {
+            let mut pool = Pool::new();
+            for _ in 0..samples + 1 {
+                w6_pool(&sizes, &mut pool);
+            }
+        }
+        "w6-bumpalo" => {
+            let mut bump = bumpalo::Bump::new();
+            for _ in 0..samples + 1 {
+                w6_bumpalo(&sizes, &mut bump);
+            }
+        }
+        other => panic!("unknown loop {other:?}: w6-pool or w6-bumpalo"),
+    }
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = args.iter().position(|a| a.starts_with("w6-")) {
+        let samples = args.get(i + 1).and_then(|a| a.parse().ok()).unwrap_or(100);
+        return only(&args[i], samples);
+    }
     let rounds: usize = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())

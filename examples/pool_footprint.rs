@@ -1,7 +1,10 @@
 //! W7, the Subversion pattern: 200,000 iterations, each allocating 1–8 buffers of
 //! 1–64 KiB into a per-iteration pool and clearing it, with a 1 MiB buffer every 1000th
-//! iteration. Reports peak RSS and RSS after the last clear, for one contender per
-//! process (run each in a fresh process; `--all` does that for every contender).
+//! iteration. Reports peak RSS and RSS after the last clear, also over the RSS at start
+//! (which varies by a hundred KiB or so from process to process), for one contender per
+//! process (run each in a fresh process; `--all` does that for every contender). The
+//! pool contenders also print, on stderr, where the source's blocks are at the end: in
+//! the thread's cache, in the depots, and how many were taken from the system.
 //!
 //! ```sh
 //! cargo run --release --example pool_footprint -- --all
@@ -107,6 +110,16 @@ fn run(contender: &str) -> (u64, u64, u64) {
                 pool.clear();
             }
             let (rss, hwm) = rss_kib();
+            for st in source.stats() {
+                eprintln!(
+                    "  {name} {}: {} in threads, {} in depot, {} reserved, {} backing allocs",
+                    st.name,
+                    st.cached_in_threads,
+                    st.cached_in_depot,
+                    st.reserved_objects(),
+                    st.backing_allocs
+                );
+            }
             eprintln!(
                 "  {name}: source caches {} KiB (max_free {} KiB)",
                 source.cached_bytes() >> 10,
@@ -129,9 +142,9 @@ fn main() {
         let exe = std::env::current_exe().expect("own path");
         println!("W7: {ITERATIONS} iterations of 1-8 buffers of 1-64 KiB, 1 MiB every 1000th (RSS in KiB)");
         println!(
-            "| contender | RSS at start | peak RSS | RSS after last clear | retained over start |"
+            "| contender | RSS at start | peak RSS | peak over start | RSS after last clear | retained over start |"
         );
-        println!("| --- | ---: | ---: | ---: | ---: |");
+        println!("| --- | ---: | ---: | ---: | ---: | ---: |");
         for c in CONTENDERS {
             let out = std::process::Command::new(&exe)
                 .arg(c)
@@ -144,7 +157,8 @@ fn main() {
     }
     let (start, peak, end) = run(&arg);
     println!(
-        "| {arg} | {start} | {peak} | {end} | {} |",
+        "| {arg} | {start} | {peak} | {} | {end} | {} |",
+        peak as i64 - start as i64,
         end as i64 - start as i64
     );
 }

@@ -8,8 +8,11 @@
 //! charged to one `max_free` byte budget: the class depots and the large buckets together
 //! never cache more than `max_free` bytes, and freed blocks beyond it go back to the
 //! system. (Each thread may also hold up to two magazines per block class in its own
-//! cache: at most 64 KiB per class per thread, and given back at thread exit, on
-//! `trim`, or by the idle collector.)
+//! cache, outside `max_free`: 64 KiB per class per thread, 128 KiB for the 64 KiB class
+//! whose magazines hold one block each, so at most 320 KiB per thread; given back at
+//! thread exit, on `trim`, or by the idle collector. The block classes' thread caches do
+//! not grow a stash: beyond those two magazines, blocks go to the depots, under
+//! `max_free`.)
 //!
 //! Blocks come from the global allocator unless the source is built with a
 //! [`BlockAllocator`] ([`BlockSource::with_block_allocator`]): then every block, of the
@@ -265,7 +268,15 @@ impl BlockSource {
 
     fn build(max_free: usize, memory: Option<MemoryOwner>) -> Self {
         let budget = Arc::new(ByteBudget::new(max_free));
-        let cfg = Config::new().magazine_size(8).thread_cache_bytes(64 << 10);
+        // No stash (`thread_cache_growth_bytes(0)`): a thread's cache for a block class
+        // stays at two magazines, so what a thread holds outside `max_free` is bounded
+        // (320 KiB); with the default growth of 1 MiB per class, W7 left seven 64 KiB
+        // blocks (448 KiB) in one thread's cache. Pools take one or two blocks of a
+        // class per clear, which the two magazines already serve.
+        let cfg = Config::new()
+            .magazine_size(8)
+            .thread_cache_bytes(64 << 10)
+            .thread_cache_growth_bytes(0);
         let hooks = memory.as_ref().map(|m| ObjectHooks {
             values: None,
             // SAFETY: the owner is kept in the source with the classes that carry the

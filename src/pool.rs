@@ -55,6 +55,9 @@ struct BlockHeader {
 
 const _: () =
     assert!(size_of::<BlockHeader>() <= HEADER && BLOCK_ALIGN >= align_of::<BlockHeader>());
+// Block starts, data starts, block sizes and the sentinel keep the cursor and `end`
+// multiples of `MIN_ALIGN`.
+const _: () = assert!(BLOCK_ALIGN % MIN_ALIGN == 0 && HEADER % MIN_ALIGN == 0);
 
 impl BlockHeader {
     fn data(this: *mut BlockHeader) -> *mut u8 {
@@ -169,7 +172,6 @@ impl State {
         self.cursor = cursor;
         // SAFETY: per the contract.
         self.end = unsafe { BlockHeader::end(block) };
-        self.last = ptr::null_mut();
     }
 }
 
@@ -184,8 +186,6 @@ struct State {
     retained: *mut BlockHeader,
     /// Blocks of their own for requests larger than the largest class.
     large: *mut BlockHeader,
-    /// Start of the most recent allocation (for in-place growth), or null.
-    last: *mut u8,
     cleanups: *mut CleanupHeader,
     next_block: usize,
     /// The most bytes in use seen at a clear or a `stats` call.
@@ -210,7 +210,8 @@ struct State {
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
-    /// Bytes handed out since the last clear (alignment padding included).
+    /// Bytes handed out since the last clear (alignment padding included, and sizes
+    /// rounded up to 8 bytes, as APR rounds them).
     pub used_bytes: usize,
     /// Bytes of blocks the pool holds now.
     pub retained_bytes: usize,
@@ -317,7 +318,6 @@ impl<'s> Pool<'s> {
                 end: SENTINEL,
                 retained: ptr::null_mut(),
                 large: ptr::null_mut(),
-                last: ptr::null_mut(),
                 cleanups: ptr::null_mut(),
                 next_block: BLOCK_CLASSES[0],
                 high_water: 0,
@@ -366,13 +366,24 @@ impl<'s> Pool<'s> {
     pub fn try_alloc_layout(&self, layout: Layout) -> Result<NonNull<u8>, AllocError> {
         // A debug pool, and a pool without a block, have `cursor == end` at a non-null
         // sentinel, so everything but a zero-sized request takes the slow path.
+        //
+        // The cursor and `end` are always multiples of `MIN_ALIGN` (sizes are rounded up
+        // to it, as APR rounds to `APR_ALIGN_DEFAULT`), so a request aligned to at most
+        // that needs no padding, and the bump is one add after one compare: the cursor's
+        // chain from one allocation to the next is as short as bumpalo's.
         let st = self.st();
-        let pad = st.cursor.addr().wrapping_neg() & (layout.align() - 1);
-        let avail = st.end.addr() - st.cursor.addr();
-        if pad <= avail && layout.size() <= avail - pad {
+        // `Layout` keeps `size + align - 1` within `isize::MAX`: no overflow below.
+        let size = round_up(layout.size());
+        let pad = if layout.align() <= MIN_ALIGN {
+            0
+        } else {
+            st.cursor.addr().wrapping_neg() & (layout.align() - 1)
+        };
+        if pad + size <= st.end.addr() - st.cursor.addr() {
             let start = st.cursor.wrapping_add(pad);
-            st.cursor = start.wrapping_add(layout.size());
-            st.last = start;
+            // One store: the most recent allocation is found by where it ends (see
+            // `ends_at_cursor`), not by remembering where it starts.
+            st.cursor = start.wrapping_add(size);
             // SAFETY: inside the active block or at the sentinel, so non-null.
             return Ok(unsafe { NonNull::new_unchecked(start) });
         }
@@ -408,7 +419,8 @@ impl<'s> Pool<'s> {
             return self.debug_alloc(layout);
         }
         let st = self.st();
-        let need = layout.size() + layout.align().max(1) - 1;
+        // The cursor is `MIN_ALIGN`-aligned, so padding takes at most `align - MIN_ALIGN`.
+        let need = round_up(layout.size()) + layout.align().max(MIN_ALIGN) - MIN_ALIGN;
         if need > DEDICATED {
             return self.alloc_large(layout, need);
         }
@@ -506,10 +518,14 @@ impl<'s> Pool<'s> {
         new: usize,
         align: usize,
     ) -> Result<NonNull<u8>, AllocError> {
-        let st = self.st();
-        if !self.debug && st.last == ptr.as_ptr() && new - old <= st.end.addr() - st.cursor.addr() {
-            st.cursor = st.cursor.wrapping_add(new - old);
-            return Ok(ptr);
+        if self.ends_at_cursor(ptr, old) {
+            let st = self.st();
+            // `end` and `ptr` are multiples of `MIN_ALIGN`, so when `new` fits, so does
+            // `new` rounded up.
+            if new <= st.end.addr() - ptr.as_ptr().addr() {
+                st.cursor = ptr.as_ptr().wrapping_add(round_up(new));
+                return Ok(ptr);
+            }
         }
         let layout = Layout::from_size_align(new, align).map_err(|_| AllocError)?;
         let fresh = self.try_alloc_layout(layout)?;
@@ -518,17 +534,34 @@ impl<'s> Pool<'s> {
         Ok(fresh)
     }
 
-    /// Gives back the end of the allocation at `ptr` (shrinking it to `new` bytes) when
-    /// it is the pool's most recent one; otherwise nothing happens.
+    /// Gives back the end of the allocation at `ptr` (shrinking it from `old` to `new`
+    /// bytes) when it is the pool's most recent one; otherwise nothing happens.
     ///
     /// # Safety
-    /// `ptr` is an allocation of this pool of at least `new` bytes ending at the cursor
-    /// if it is the last one.
-    pub(crate) unsafe fn shrink_last(&self, ptr: NonNull<u8>, new: usize) {
-        let st = self.st();
-        if !self.debug && st.last == ptr.as_ptr() {
-            st.cursor = ptr.as_ptr().wrapping_add(new);
+    /// `ptr` is a live allocation of this pool of `old` bytes (as for
+    /// [`grow`](Self::grow)), `new <= old`, and no reference into its last `old - new`
+    /// bytes is live.
+    pub(crate) unsafe fn shrink_last(&self, ptr: NonNull<u8>, old: usize, new: usize) {
+        if self.ends_at_cursor(ptr, old) {
+            self.st().cursor = ptr.as_ptr().wrapping_add(round_up(new));
         }
+    }
+
+    /// Whether the live allocation of `size` bytes at `ptr` is the most recent one in the
+    /// active block, so the room after it is free: it ends (rounded up, as the fast path
+    /// bumps) exactly at the cursor.
+    ///
+    /// Nothing else can end there. The cursor is at or past the end of every allocation
+    /// made in the active block since it became active, and moves back only to the end of
+    /// the allocation that ended at it (here). An allocation in another block (class or
+    /// dedicated) cannot end inside the active block's data area, since blocks are
+    /// disjoint and each data area starts after a header. Zero-sized allocations, which
+    /// may be dangling, are never the one (their room is not theirs to grow into); a
+    /// debug pool's allocations are heap blocks of their own, and its cursor a sentinel.
+    fn ends_at_cursor(&self, ptr: NonNull<u8>, size: usize) -> bool {
+        !self.debug
+            && size != 0
+            && ptr.as_ptr().addr().wrapping_add(round_up(size)) == self.st().cursor.addr()
     }
 
     /// Allocates `value` and returns it. It is never dropped (like bumpalo): use
@@ -922,7 +955,6 @@ impl<'s> Pool<'s> {
         }
         st.retained = ptr::null_mut();
         st.large = ptr::null_mut();
-        st.last = ptr::null_mut();
         if st.first.is_null() {
             st.blocks = 0;
             st.retained_bytes = 0;
@@ -982,6 +1014,17 @@ impl fmt::Debug for Pool<'_> {
 
 fn run_closure_of<F: FnOnce()>(_: &F) -> unsafe fn(*mut CleanupHeader, bool) {
     run_closure::<F>
+}
+
+/// Every allocation's size is rounded up to a multiple of this, so the cursor stays
+/// aligned to it (APR's `APR_ALIGN_DEFAULT`).
+const MIN_ALIGN: usize = 8;
+
+/// `size` rounded up to a multiple of [`MIN_ALIGN`] (no overflow for a `Layout`'s size,
+/// which is at most `isize::MAX`).
+#[inline(always)]
+const fn round_up(size: usize) -> usize {
+    (size + MIN_ALIGN - 1) & !(MIN_ALIGN - 1)
 }
 
 /// Where `cursor` and `end` point while the pool has no active block: non-null, so the
@@ -1194,7 +1237,7 @@ impl<'p, 's> PoolWriter<'p, 's> {
         // SAFETY: the buffer is this pool's, with `len` initialised bytes.
         unsafe {
             if self.cap > 0 {
-                self.pool.shrink_last(self.buf, self.len);
+                self.pool.shrink_last(self.buf, self.cap, self.len);
             }
             std::slice::from_raw_parts_mut(self.buf.as_ptr(), self.len)
         }
@@ -1461,7 +1504,7 @@ unsafe impl allocator_api2::alloc::Allocator for &Pool<'_> {
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
         if layout.size() != 0 {
             // SAFETY: per the trait's contract `ptr` is a live allocation of `layout`.
-            unsafe { self.shrink_last(ptr, 0) };
+            unsafe { self.shrink_last(ptr, layout.size(), 0) };
         }
     }
 
@@ -1502,8 +1545,71 @@ unsafe impl allocator_api2::alloc::Allocator for &Pool<'_> {
         }
         if old.size() != 0 {
             // SAFETY: per the trait's contract `ptr` is a live allocation of `old`.
-            unsafe { self.shrink_last(ptr, new.size()) };
+            unsafe { self.shrink_last(ptr, old.size(), new.size()) };
         }
         Ok(NonNull::slice_from_raw_parts(ptr, new.size()))
+    }
+}
+
+#[cfg(all(test, not(proxalloc_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cursor_stays_aligned_and_sizes_round_up() {
+        let src = BlockSource::new(1 << 20);
+        let pool = Pool::with_source(&src);
+        let mut prev: Option<usize> = None;
+        for size in [1usize, 3, 8, 9, 15, 16, 17, 0, 5] {
+            let p = pool.alloc_layout(Layout::from_size_align(size, 1).unwrap());
+            assert_eq!(p.as_ptr().addr() % MIN_ALIGN, 0, "size {size}");
+            if let Some(q) = prev {
+                assert!(p.as_ptr().addr() >= q, "bumps upward");
+            }
+            prev = Some(p.as_ptr().addr() + round_up(size));
+        }
+        let wide = pool.alloc_layout(Layout::from_size_align(3, 64).unwrap());
+        assert_eq!(wide.as_ptr().addr() % 64, 0);
+        let next = pool.alloc_layout(Layout::from_size_align(1, 1).unwrap());
+        assert_eq!(next.as_ptr().addr(), wide.as_ptr().addr() + MIN_ALIGN);
+    }
+
+    #[test]
+    fn only_the_allocation_ending_at_the_cursor_grows_or_shrinks_in_place() {
+        let src = BlockSource::new(1 << 20);
+        let pool = Pool::with_source(&src);
+        let a = pool.alloc_layout(Layout::from_size_align(13, 1).unwrap());
+        // SAFETY: `a` is this pool's 13-byte allocation, the most recent one.
+        let g = unsafe { pool.grow(a, 13, 100, 1) }.unwrap();
+        assert_eq!(g, a, "in place");
+        let b = pool.alloc_layout(Layout::from_size_align(5, 1).unwrap());
+        assert_eq!(b.as_ptr().addr(), a.as_ptr().addr() + 104);
+        // SAFETY: `a` is now 100 bytes, and not the most recent allocation.
+        let moved = unsafe { pool.grow(a, 100, 200, 1) }.unwrap();
+        assert_ne!(moved, a, "copied");
+        // SAFETY: `a` is 100 bytes and not last: nothing happens.
+        unsafe { pool.shrink_last(a, 100, 0) };
+        // SAFETY: `moved` is the last allocation, 200 bytes; give all of it back.
+        unsafe { pool.shrink_last(moved, 200, 0) };
+        let c = pool.alloc_layout(Layout::from_size_align(8, 8).unwrap());
+        assert_eq!(c, moved, "its room was given back");
+    }
+
+    #[test]
+    fn a_probed_block_grows_its_last_allocation_in_place() {
+        let src = BlockSource::new(1 << 20);
+        let pool = Pool::with_source(&src);
+        // Fill the first block but for ~1 KiB, then move to a second block.
+        let a = pool.alloc_layout(Layout::from_size_align(7000, 8).unwrap());
+        let _ = pool.alloc_layout(Layout::from_size_align(9000, 8).unwrap());
+        let _ = pool.alloc_layout(Layout::from_size_align(7000, 8).unwrap());
+        // The 16 KiB block has about 300 bytes left, the first block about 1 KiB: the
+        // probe makes the first block active again, with its cursor right after `a`.
+        let b = pool.alloc_layout(Layout::from_size_align(800, 8).unwrap());
+        assert_eq!(b.as_ptr().addr(), a.as_ptr().addr() + 7000);
+        // SAFETY: `b` is the most recent allocation, 800 bytes.
+        assert_eq!(unsafe { pool.grow(b, 800, 1000, 8) }.unwrap(), b);
+        // SAFETY: `a` is 7000 bytes, not the most recent allocation.
+        assert_ne!(unsafe { pool.grow(a, 7000, 7100, 8) }.unwrap(), a);
     }
 }
