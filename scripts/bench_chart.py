@@ -21,11 +21,12 @@ GROUPS = [
 ]
 # The contenders of benches/peers.rs (other benches may share a group name).
 CONTENDERS = {
-    "lower-bound", "proxalloc", "proxalloc-depot-only", "proxalloc-bypass", "box-system",
+    "lower-bound", "proxalloc", "proxalloc-one-word", "proxalloc-depot-only",
+    "proxalloc-bypass", "box-system",
     "mimalloc", "jemalloc", "object-pool", "lockfree-object-pool", "sharded-slab",
     "arrayqueue-pool",
 }
-HIGHLIGHT = {"proxalloc": "#1f77b4", "lower-bound": "#7f7f7f"}
+HIGHLIGHT = {"proxalloc": "#1f77b4", "proxalloc-one-word": "#1f77b4", "lower-bound": "#7f7f7f"}
 PEER = "#ff7f0e"
 OWN = "#aec7e8"
 
