@@ -412,14 +412,23 @@ impl<T> ClassAllocator<T> {
         if !e.take_credit(c) {
             return None;
         }
+        /// Gives the permit back unless the allocation succeeds: if it fails, or unwinds
+        /// (a recycling allocator's `create` panicked). To the shared count: the slow path
+        /// may have run user code that retired this thread's cache.
+        struct PermitGuard<'e>(&'e Engine);
+        impl Drop for PermitGuard<'_> {
+            fn drop(&mut self) {
+                self.0.return_credit(None);
+            }
+        }
+        let guard = PermitGuard(&e);
         let p = match c {
             // SAFETY: as above.
             Some(c) => unsafe { e.alloc_from(c) },
             None => e.alloc_backing(),
         };
-        if p.is_none() {
-            // The slow path may have run user code: the permit goes to the shared count.
-            e.return_credit(None);
+        if p.is_some() {
+            std::mem::forget(guard);
         }
         p
     }

@@ -86,6 +86,8 @@ pub(crate) struct Engine {
     available: AtomicUsize,
     /// Permits a thread draws at once, and gives back past twice as many.
     credit_batch: u32,
+    /// Whether `Config::max_live` caps the allocator.
+    capped: bool,
 }
 
 impl Engine {
@@ -125,6 +127,7 @@ impl Engine {
                 CacheMode::DepotOnly | CacheMode::Bypass => 0,
             },
             available: AtomicUsize::new(config.max_live),
+            capped: config.max_live != usize::MAX,
             credit_batch: (config.max_live / 16).clamp(1, capacity.min(u32::MAX as usize / 4))
                 as u32,
         }
@@ -556,6 +559,10 @@ impl Engine {
         // SAFETY: forwarded from the caller.
         unsafe { self.backing().dealloc_dead(p) };
         self.retired.frees.add_shared(1);
+        if self.capped {
+            // The object was live: its permit goes back, as a recycled one's does.
+            self.return_credit(None);
+        }
     }
 
     /// Thread exit, `release_thread_cache`, or a sweep that found the allocator gone:

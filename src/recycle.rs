@@ -492,11 +492,35 @@ impl<T: Recycle> RecyclingAllocator<T> {
     /// ```
     #[must_use = "dropping the handle recycles the value at once"]
     pub fn get_arc(self: &std::sync::Arc<Self>) -> OwnedRecycled<T> {
-        let handle = std::mem::ManuallyDrop::new(self.get());
-        OwnedRecycled {
+        self.try_get_arc()
+            .unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<T>()))
+    }
+
+    /// Like [`get_arc`](Self::get_arc), but an error when the backing allocator fails or
+    /// a [`max_live`](Config::max_live) cap is reached.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use proxalloc::{Config, Recycle, RecyclingAllocator};
+    /// struct Slot(u8);
+    /// impl Recycle for Slot {
+    ///     fn create() -> Self { Slot(0) }
+    ///     fn recycle(&mut self) -> bool { true }
+    /// }
+    /// let slots = Arc::new(RecyclingAllocator::<Slot>::with_config(
+    ///     "doc-try-get-arc", Config::new().max_live(1)));
+    /// let one = slots.try_get_arc().unwrap();
+    /// assert!(slots.try_get_arc().is_err());
+    /// drop(one);
+    /// assert!(slots.try_get_arc().is_ok());
+    /// ```
+    #[must_use = "dropping the result recycles the value at once"]
+    pub fn try_get_arc(self: &std::sync::Arc<Self>) -> Result<OwnedRecycled<T>, AllocError> {
+        let handle = std::mem::ManuallyDrop::new(self.try_get()?);
+        Ok(OwnedRecycled {
             ptr: handle.ptr,
             alloc: std::sync::Arc::clone(self),
-        }
+        })
     }
 }
 

@@ -16,7 +16,23 @@ use crate::class::{AllocError, ClassAllocator, Pooled};
 
 /// A `static` [`ClassAllocator`] named by a type, so that its handles ([`Thin`]) need
 /// not carry it. Implemented by [`static_class!`](crate::static_class!).
-pub trait StaticClass: Sized + 'static {
+///
+/// # Safety
+/// [`allocator`](Self::allocator) returns the same allocator every time: a handle made
+/// from one call is freed through another. (`static_class!` implements it with one
+/// `static`; an implementation that alternated would free objects into an allocator they
+/// do not belong to.) A hand-written `impl` must say `unsafe`:
+///
+/// ```compile_fail
+/// use proxalloc::{ClassAllocator, StaticClass};
+/// struct Mine;
+/// static A: ClassAllocator<u8> = ClassAllocator::new("mine");
+/// impl StaticClass for Mine { // error: the trait is unsafe to implement
+///     type Object = u8;
+///     fn allocator() -> &'static ClassAllocator<u8> { &A }
+/// }
+/// ```
+pub unsafe trait StaticClass: Sized + 'static {
     /// The type of the objects.
     type Object;
 
@@ -94,7 +110,8 @@ macro_rules! static_class {
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
         $vis struct $class;
 
-        impl $crate::StaticClass for $class {
+        // SAFETY: `allocator` returns the one `static` below, every time.
+        unsafe impl $crate::StaticClass for $class {
             type Object = $object;
 
             #[inline(always)]
