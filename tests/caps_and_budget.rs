@@ -13,6 +13,13 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The thread-cache budget in use once every stash is taken back (earlier tests' threads
+/// may still be tearing down with grants).
+fn settled_budget() -> usize {
+    proxalloc::trim_all();
+    proxalloc::thread_cache_budget().0
+}
+
 struct Refused(#[allow(dead_code)] u64);
 impl Recycle for Refused {
     fn create() -> Self {
@@ -129,9 +136,7 @@ fn batch(a: &ClassAllocator<[u64; 8]>, n: u64) {
 #[test]
 fn c2_budget_back_to_zero_after_trim_and_drop_with_parked_owner() {
     let _s = serial();
-    // Earlier tests' threads may still be tearing down with grants: take them first.
-    proxalloc::trim_all();
-    let base = proxalloc::thread_cache_budget().0;
+    let base = settled_budget();
     let a = Arc::new(ClassAllocator::<[u64; 8]>::with_config(
         "rv3-growth",
         Config::new().magazine_size(16),
@@ -187,9 +192,7 @@ fn c2_budget_back_to_zero_after_trim_and_drop_with_parked_owner() {
 #[test]
 fn c3_drop_with_parked_owner_returns_grant() {
     let _s = serial();
-    // Earlier tests' threads may still be tearing down with grants: take them first.
-    proxalloc::trim_all();
-    let base = proxalloc::thread_cache_budget().0;
+    let base = settled_budget();
     let n = if cfg!(miri) { 128 } else { 1024 };
     let a = Arc::new(ClassAllocator::<[u64; 8]>::with_config(
         "rv3-growth-drop",
@@ -318,9 +321,7 @@ fn c4_capped_alloc_with_panicking_init_returns_its_permit() {
 #[test]
 fn c5_trim_all_races_owner_stash() {
     let _s = serial();
-    // Earlier tests' threads may still be tearing down with grants: take them first.
-    proxalloc::trim_all();
-    let base = proxalloc::thread_cache_budget().0;
+    let base = settled_budget();
     let a = Arc::new(ClassAllocator::<[u64; 8]>::with_config(
         "rv3-race",
         Config::new().magazine_size(4),
