@@ -136,11 +136,11 @@ impl Backing {
         Backing {
             layout,
             hooks: hooks.and_then(|h| h.values),
-            // SAFETY: per `MemoryOwner::hook`, the `Arc` is alive and in place while the
-            // hooks are in use, as they are now.
-            memory: hooks
-                .and_then(|h| h.memory)
-                .map(|m| UserMemory(unsafe { m.0.as_ref() }.clone())),
+            memory: hooks.and_then(|h| h.memory).map(|m| {
+                // SAFETY: per `MemoryOwner::hook`, the `Arc` is alive and in place while
+                // the hooks are in use, as they are now.
+                UserMemory(unsafe { m.0.as_ref() }.clone())
+            }),
             allocs: StatCounter::new(),
             frees: StatCounter::new(),
         }

@@ -402,17 +402,14 @@ impl ThreadCache {
 
     /// Takes a kept empty magazine (owner only); `get` resolves an index.
     pub(crate) fn take_empty<'t>(&self, get: impl Fn(u32) -> &'t Magazine) -> Option<&'t Magazine> {
-        // SAFETY: kept magazines are descriptors of the engine's table.
-        let mag = unsafe { self.empties.get().as_ref() }?;
+        // SAFETY: kept magazines are descriptors of the engine's table, which outlives
+        // the cache's use of them.
+        let mag: &'t Magazine = unsafe { self.empties.get().as_ref() }?;
         let next = mag.next.load(Ordering::Relaxed);
-        self.empties.set(if next == NIL {
-            ptr::null()
-        } else {
-            get(next) as *const Magazine
-        });
+        self.empties
+            .set(if next == NIL { ptr::null() } else { get(next) });
         self.empty_count.set(self.empty_count.get() - 1);
-        // SAFETY: as above; the descriptor outlives the cache's use of it.
-        Some(unsafe { &*(mag as *const Magazine) })
+        Some(mag)
     }
 
     /// Counts a spill to the depot (owner only).

@@ -483,13 +483,10 @@ impl<T> ClassAllocator<T> {
     #[inline(never)]
     fn alloc_cold(&self) -> Option<NonNull<u8>> {
         let e = self.engine_arc();
-        if let Lookup::Unregistered = cache::lookup(e.slot(), e.instance()) {
-            Engine::register(&e);
-        }
-        match cache::lookup(e.slot(), e.instance()) {
+        match self.cache_or_register(&e) {
             // SAFETY: this thread's own cache; nothing borrows its owner part here.
-            Lookup::Cache(c) => unsafe { e.alloc_from(&*c) },
-            _ => e.alloc_backing(),
+            Some(c) => unsafe { e.alloc_from(&*c) },
+            None => e.alloc_backing(),
         }
     }
 
@@ -536,15 +533,12 @@ impl<T> ClassAllocator<T> {
     #[inline(never)]
     unsafe fn free_cold(&self, p: NonNull<u8>) {
         let e = self.engine_arc();
-        if let Lookup::Unregistered = cache::lookup(e.slot(), e.instance()) {
-            Engine::register(&e);
-        }
-        match cache::lookup(e.slot(), e.instance()) {
+        match self.cache_or_register(&e) {
             // SAFETY: this thread's own cache, nothing borrows its owner part here; `p`
             // as the caller promised.
-            Lookup::Cache(c) => unsafe { e.free_into(&*c, p) },
+            Some(c) => unsafe { e.free_into(&*c, p) },
             // SAFETY: forwarded from the caller.
-            _ => unsafe { e.free_backing(p) },
+            None => unsafe { e.free_backing(p) },
         }
     }
 
@@ -777,15 +771,8 @@ impl<T> ClassAllocator<T> {
     /// A.with_local(|outer| A.with_local(|inner| std::mem::swap(outer, inner)));
     /// ```
     pub fn with_local<'a, R>(&'a self, f: impl FnOnce(&LocalCache<'a, T>) -> R) -> R {
-        let e = self.engine_arc();
-        if let Lookup::Unregistered = cache::lookup(e.slot(), e.instance()) {
-            Engine::register(&e);
-        }
-        let cache = match cache::lookup(e.slot(), e.instance()) {
-            Lookup::Cache(c) => Some(c),
-            // Thread-local storage is gone: straight to the backing allocator.
-            _ => None,
-        };
+        // Without thread-local storage: no cache, straight to the backing allocator.
+        let cache = self.cache_or_register(&self.engine_arc());
         // Keeps `release_thread_cache` (called from `f`) from retiring the cache.
         // SAFETY: this thread's cache; nothing borrows its owner part here.
         let pin = cache.map(|c| unsafe { cache::Pin::new(c) });

@@ -231,6 +231,12 @@ impl Depot {
         unsafe { self.table.get(index) }
     }
 
+    /// Walks a chain of this depot's magazines that the caller owns (see
+    /// [`for_each_in_chain`]).
+    pub fn for_each_in_chain<'t>(&'t self, first: &'t Magazine, f: impl FnMut(&'t Magazine)) {
+        for_each_in_chain(&self.table, first, f);
+    }
+
     /// Objects per full magazine.
     pub fn capacity(&self) -> usize {
         self.table.capacity()

@@ -296,8 +296,7 @@ impl Engine {
             // SAFETY: a descriptor of this engine's table, owned by the cache.
             let prev = unsafe { self.mag(prev) };
             if !c.keep_empty(prev, self.stash_capacity(c)) {
-                let evicted = self.put(c, prev);
-                debug_assert!(evicted.is_none(), "an empty magazine is never evicted");
+                self.put_empty(c, prev);
             }
         }
         let loaded = o.unload();
@@ -387,8 +386,7 @@ impl Engine {
                 magazine::slot(r.slots, r.len)
             })
         };
-        let empty = self.put(c, mag);
-        debug_assert!(empty.is_none(), "an empty magazine is never evicted");
+        self.put_empty(c, mag);
         Some(p)
     }
 
@@ -421,32 +419,41 @@ impl Engine {
             // SAFETY: a descriptor of this engine's table.
             evictions.push(self.put(c, unsafe { self.mag(mag) }));
         }
-        // SAFETY: the owner's own cache.
-        let stash = unsafe { ThreadCache::stash_take(c) };
-        self.put_chain(c, stash, &mut evictions);
-        self.drop_empties(c);
-        // SAFETY: as above.
-        Self::return_grant(unsafe { ThreadCache::take_grant(c) });
+        self.give_back_stash(c, &mut evictions);
         evictions
     }
 
-    /// Hands a stash chain (owned by the caller, from `c`) to the depot.
-    fn put_chain(&self, c: &ThreadCache, mut index: u32, evictions: &mut Evictions) {
-        while index != NIL {
+    /// The owner hands what its cache grew back: the stash's magazines to the depot, the
+    /// kept empties to the empty stack, the grant to the process-wide budget. False when
+    /// there was nothing to give.
+    fn give_back_stash(&self, c: &ThreadCache, evictions: &mut Evictions) -> bool {
+        // SAFETY: the owner's own cache.
+        let stash = unsafe { ThreadCache::stash_take(c) };
+        // SAFETY: as above.
+        let grant = unsafe { ThreadCache::take_grant(c) };
+        self.for_each_in_stash(stash, |mag| evictions.push(self.put(c, mag)));
+        // SAFETY: kept empties are descriptors of this engine's table.
+        while let Some(m) = c.take_empty(|i| unsafe { self.depot.magazine(i) }) {
+            self.put_empty(c, m);
+        }
+        Self::return_grant(grant);
+        stash != NIL || grant > 0
+    }
+
+    /// Runs `f` on each magazine of a stash chain (the caller owns it), after reading its
+    /// link, so `f` may push it elsewhere.
+    fn for_each_in_stash<'t>(&'t self, top: u32, f: impl FnMut(&'t Magazine)) {
+        if top != NIL {
             // SAFETY: stash chains link descriptors of this engine's table.
-            let mag = unsafe { self.depot.magazine(index) };
-            index = mag.next.load(Ordering::Relaxed);
-            evictions.push(self.put(c, mag));
+            let first = unsafe { self.depot.magazine(top) };
+            self.depot.for_each_in_chain(first, f);
         }
     }
 
-    /// Hands the kept empty magazines of `c` to the depot (owner only).
-    fn drop_empties(&self, c: &ThreadCache) {
-        // SAFETY: kept empties are descriptors of this engine's table.
-        while let Some(m) = c.take_empty(|i| unsafe { self.depot.magazine(i) }) {
-            let evicted = self.put(c, m);
-            debug_assert!(evicted.is_none(), "an empty magazine is never evicted");
-        }
+    /// Hands an empty magazine (owned by `c`) to the depot's empty stack.
+    fn put_empty(&self, c: &ThreadCache, mag: &Magazine) {
+        let evicted = self.put(c, mag);
+        debug_assert!(evicted.is_none(), "an empty magazine is never evicted");
     }
 
     /// Hands `mag` (owned by `c`) to the depot and counts where it went; what the budget
@@ -599,16 +606,11 @@ impl Engine {
         let mut evictions = Evictions::default();
         // The stash and its grant go first, all at once: a thread idle for a period has
         // no use for what it grew to.
-        // SAFETY: the owner's own cache.
-        let stash = unsafe { ThreadCache::stash_take(c) };
-        if stash != NIL || c.grant() > 0 {
-            self.put_chain(c, stash, &mut evictions);
-            self.drop_empties(c);
-            // SAFETY: as above.
-            Self::return_grant(unsafe { ThreadCache::take_grant(c) });
-        } else if let Some(mag) = o.take_previous().or_else(|| o.unload()) {
-            // SAFETY: a descriptor of this engine's table.
-            evictions.push(self.put(c, unsafe { self.mag(mag) }));
+        if !self.give_back_stash(c, &mut evictions) {
+            if let Some(mag) = o.take_previous().or_else(|| o.unload()) {
+                // SAFETY: a descriptor of this engine's table.
+                evictions.push(self.put(c, unsafe { self.mag(mag) }));
+            }
         }
         evictions
     }
@@ -689,15 +691,11 @@ impl Engine {
     /// number of objects released.
     fn release_stashes(&self, chains: Vec<u32>) -> usize {
         let mut evictions = Evictions::default();
-        for mut index in chains {
-            while index != NIL {
-                // SAFETY: seized chains link descriptors of this engine's table, owned
-                // by the caller.
-                let mag = unsafe { self.depot.magazine(index) };
-                index = mag.next.load(Ordering::Relaxed);
-                // SAFETY: as above.
-                evictions.push(Some(unsafe { self.depot.evict_all(mag) }));
-            }
+        for top in chains {
+            self.for_each_in_stash(top, |mag| {
+                // SAFETY: each seized chain is the caller's, to give up.
+                evictions.push(Some(unsafe { self.depot.evict_all(mag) }))
+            });
         }
         self.release(evictions)
     }
