@@ -16,7 +16,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use proxalloc::{CacheMode, ClassAllocator, Config, Pooled};
+use proxalloc::{CacheMode, ClassAllocator, ClassBox, Config};
 
 /// Per-request state, as a proxy keeps it.
 #[allow(dead_code)]
@@ -61,7 +61,7 @@ fn run(a: &Allocators, workers: usize, duration: Duration) -> u64 {
         let mut senders = Vec::new();
         let mut handles = Vec::new();
         for _ in 0..workers {
-            let (tx, rx) = mpsc::sync_channel::<Vec<Pooled<'_, RequestState>>>(4);
+            let (tx, rx) = mpsc::sync_channel::<Vec<ClassBox<'_, RequestState>>>(4);
             senders.push(tx);
             handles.push(s.spawn(move || {
                 let mut served = 0u64;

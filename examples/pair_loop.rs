@@ -8,7 +8,7 @@
 //! ```
 //! (The total divided by the pair count, minus the start-up cost measured with 0 pairs,
 //! is the per-pair instruction count.) With `owned`, the pairs go through an
-//! `Arc<ClassAllocator>` and `Owned` handles instead of a `static` and `Pooled`.
+//! `Arc<ClassAllocator>` and `Owned` handles instead of a `static` and `ClassBox`.
 
 use std::sync::Arc;
 

@@ -10,7 +10,7 @@
 //! cargo run --release --example tokio_tasks
 //! ```
 //!
-//! A `Pooled<'static, T>` from a `static` allocator is `Send` when `T` is, so it moves
+//! A `ClassBox<'static, T>` from a `static` allocator is `Send` when `T` is, so it moves
 //! into `tokio::spawn` like a `Box`. (For an allocator built at run time, make it an
 //! `Arc<ClassAllocator<T>>` and use `alloc_arc`, which gives an owned `'static` handle.)
 
@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::thread::{self, ThreadId};
 use std::time::Duration;
 
-use proxalloc::{ClassAllocator, Pooled};
+use proxalloc::{ClassAllocator, ClassBox};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -35,7 +35,7 @@ static MOVED: AtomicU64 = AtomicU64::new(0);
 
 const TASKS: u64 = 20_000;
 
-fn note_drop(req: Pooled<'static, Request>) {
+fn note_drop(req: ClassBox<'static, Request>) {
     if req.allocated_on != thread::current().id() {
         MOVED.fetch_add(1, Relaxed);
     }
@@ -43,7 +43,7 @@ fn note_drop(req: Pooled<'static, Request>) {
 
 /// One request's life: allocated, held across several awaits, then either dropped here
 /// or handed to the consumer.
-async fn handle(id: u64, to_log: mpsc::Sender<Pooled<'static, Request>>) -> u64 {
+async fn handle(id: u64, to_log: mpsc::Sender<ClassBox<'static, Request>>) -> u64 {
     let mut req = REQUESTS.alloc(Request {
         id,
         allocated_on: thread::current().id(),
@@ -75,7 +75,7 @@ fn main() {
         .expect("runtime");
 
     let total = runtime.block_on(async {
-        let (to_log, mut log) = mpsc::channel::<Pooled<'static, Request>>(64);
+        let (to_log, mut log) = mpsc::channel::<ClassBox<'static, Request>>(64);
         let consumer = tokio::spawn(async move {
             let mut logged = 0u64;
             while let Some(req) = log.recv().await {

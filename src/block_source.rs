@@ -30,7 +30,7 @@ use crate::backing::{free_user_block, MemoryOwner, ObjectHooks};
 use crate::budget::ByteBudget;
 use crate::class::ClassAllocator;
 use crate::config::Config;
-use crate::registry::Source;
+use crate::registry::Registered;
 use crate::stats::Stats;
 use crate::sync::{self, Arc, Mutex, StatCounter};
 
@@ -303,7 +303,7 @@ impl BlockSource {
             system_frees: StatCounter::new(),
         });
         #[cfg(not(proxalloc_loom))]
-        crate::registry::register(&(large.clone() as Arc<dyn Source>));
+        crate::registry::register(&(large.clone() as Arc<dyn Registered>));
         BlockSource {
             c8: class("pool-blocks-8K", cfg, hooks, &budget),
             c16: class("pool-blocks-16K", cfg, hooks, &budget),
@@ -624,7 +624,7 @@ impl Large {
     }
 }
 
-impl Source for Large {
+impl Registered for Large {
     fn stats(&self) -> Option<Stats> {
         Some(Large::stats(self))
     }

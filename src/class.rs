@@ -1,4 +1,4 @@
-//! The typed front end: [`ClassAllocator<T>`], its owning handle [`Pooled`], and the
+//! The typed front end: [`ClassAllocator<T>`], its owning handle [`ClassBox`], and the
 //! borrowed per-thread handle [`LocalCache`].
 
 use std::alloc::Layout;
@@ -45,7 +45,7 @@ impl std::error::Error for AllocError {}
 
 /// An allocator of objects of one type, with per-thread caches.
 ///
-/// Allocation returns a [`Pooled`] handle that owns the object; dropping the handle runs
+/// Allocation returns a [`ClassBox`] handle that owns the object; dropping the handle runs
 /// `T`'s destructor and keeps the memory in the dropping thread's cache for the next
 /// allocation. It is usually a `static`:
 ///
@@ -65,8 +65,8 @@ impl std::error::Error for AllocError {}
 /// system allocator. Handles borrow their allocator, so none can outlive it:
 ///
 /// ```compile_fail
-/// use proxalloc::{ClassAllocator, Pooled};
-/// let escaped: Pooled<'static, u32>;
+/// use proxalloc::{ClassAllocator, ClassBox};
+/// let escaped: ClassBox<'static, u32>;
 /// {
 ///     let local = ClassAllocator::<u32>::new("local");
 ///     escaped = local.alloc(1); // error: `local` does not live long enough
@@ -96,7 +96,7 @@ pub struct ClassAllocator<T> {
 }
 
 // The allocator never holds a `T` (only raw memory), so it can be shared and sent
-// whatever `T` is; `Pooled<T>` carries `T`'s own `Send`/`Sync`.
+// whatever `T` is; `ClassBox<T>` carries `T`'s own `Send`/`Sync`.
 
 impl<T> ClassAllocator<T> {
     /// An allocator named `name`, with the default [`Config`].
@@ -271,7 +271,7 @@ impl<T> ClassAllocator<T> {
                     self.instance_hint.store(e.instance(), Ordering::Relaxed);
                 }
                 let engine: Arc<Engine> = Arc::clone(&self.engine_arc());
-                crate::registry::register(&(engine as Arc<dyn crate::registry::Source>));
+                crate::registry::register(&(engine as Arc<dyn crate::registry::Registered>));
                 fresh
             }
             Err(winner) => {
@@ -559,7 +559,7 @@ impl<T> ClassAllocator<T> {
     /// ```
     #[inline(always)]
     #[must_use = "dropping the handle frees the object at once"]
-    pub fn alloc(&self, value: T) -> Pooled<'_, T> {
+    pub fn alloc(&self, value: T) -> ClassBox<'_, T> {
         self.try_alloc(value)
             .unwrap_or_else(|_| std::alloc::handle_alloc_error(Layout::new::<T>()))
     }
@@ -583,7 +583,7 @@ impl<T> ClassAllocator<T> {
     /// ```
     #[inline(always)]
     #[must_use = "dropping the handle frees the object at once"]
-    pub fn alloc_with(&self, init: impl FnOnce() -> T) -> Pooled<'_, T> {
+    pub fn alloc_with(&self, init: impl FnOnce() -> T) -> ClassBox<'_, T> {
         match self.try_alloc_with(init) {
             Ok(h) => h,
             Err(AllocError) => std::alloc::handle_alloc_error(Layout::new::<T>()),
@@ -604,7 +604,7 @@ impl<T> ClassAllocator<T> {
     /// ```
     #[inline(always)]
     #[must_use = "dropping the result frees the object at once"]
-    pub fn try_alloc(&self, value: T) -> Result<Pooled<'_, T>, AllocError> {
+    pub fn try_alloc(&self, value: T) -> Result<ClassBox<'_, T>, AllocError> {
         // Not through `try_alloc_with`: moving a large `value` into a closure and out
         // again costs extra copies. Built by the caller before the call, `value` still
         // lands straight in the object, because nothing on the fast path is opaque to
@@ -613,7 +613,7 @@ impl<T> ClassAllocator<T> {
         // SAFETY: valid, aligned, uninitialised memory for one `T`.
         unsafe { slot.as_ptr().write(value) };
         // SAFETY: a fresh slot of this allocator, now initialised, owned by nobody else.
-        Ok(unsafe { Pooled::from_raw(self, slot) })
+        Ok(unsafe { ClassBox::from_raw(self, slot) })
     }
 
     /// Allocates an object constructed by `init`, or returns an error without calling
@@ -627,7 +627,7 @@ impl<T> ClassAllocator<T> {
     /// ```
     #[inline(always)]
     #[must_use = "dropping the result frees the object at once"]
-    pub fn try_alloc_with(&self, init: impl FnOnce() -> T) -> Result<Pooled<'_, T>, AllocError> {
+    pub fn try_alloc_with(&self, init: impl FnOnce() -> T) -> Result<ClassBox<'_, T>, AllocError> {
         let slot = self.alloc_raw()?;
         // Returns the slot if `init` unwinds.
         let guard = SlotGuard { alloc: self, slot };
@@ -635,7 +635,7 @@ impl<T> ClassAllocator<T> {
         unsafe { slot.as_ptr().write(init()) };
         std::mem::forget(guard);
         // SAFETY: a fresh slot of this allocator, now initialised, owned by nobody else.
-        Ok(unsafe { Pooled::from_raw(self, slot) })
+        Ok(unsafe { ClassBox::from_raw(self, slot) })
     }
 
     /// Allocates an object and lets `init` initialise it in place, for large types
@@ -658,7 +658,7 @@ impl<T> ClassAllocator<T> {
     /// assert_eq!(b[4095], 4095);
     /// ```
     #[must_use = "dropping the handle frees the object at once"]
-    pub unsafe fn alloc_in_place(&self, init: impl FnOnce(&mut MaybeUninit<T>)) -> Pooled<'_, T> {
+    pub unsafe fn alloc_in_place(&self, init: impl FnOnce(&mut MaybeUninit<T>)) -> ClassBox<'_, T> {
         // SAFETY: forwarded.
         unsafe { self.try_alloc_in_place(init) }
             .unwrap_or_else(|_| std::alloc::handle_alloc_error(Layout::new::<T>()))
@@ -681,14 +681,14 @@ impl<T> ClassAllocator<T> {
     pub unsafe fn try_alloc_in_place(
         &self,
         init: impl FnOnce(&mut MaybeUninit<T>),
-    ) -> Result<Pooled<'_, T>, AllocError> {
+    ) -> Result<ClassBox<'_, T>, AllocError> {
         let slot = self.alloc_raw()?;
         let guard = SlotGuard { alloc: self, slot };
         // SAFETY: valid, aligned memory for one `T`; `MaybeUninit` accepts any contents.
         init(unsafe { &mut *slot.as_ptr().cast::<MaybeUninit<T>>() });
         std::mem::forget(guard);
         // SAFETY: a fresh slot of this allocator, now initialised, owned by nobody else.
-        Ok(unsafe { Pooled::from_raw(self, slot) })
+        Ok(unsafe { ClassBox::from_raw(self, slot) })
     }
 
     /// Gives everything this thread caches and everything the depot caches back to the
@@ -838,9 +838,9 @@ impl<T> Drop for SlotGuard<'_, T> {
 /// recycles the memory into the dropping thread's cache.
 ///
 /// ```
-/// use proxalloc::{ClassAllocator, Pooled};
+/// use proxalloc::{ClassAllocator, ClassBox};
 /// static NUMS: ClassAllocator<Vec<u32>> = ClassAllocator::new("doc-pooled");
-/// let mut v: Pooled<'static, Vec<u32>> = NUMS.alloc(vec![1, 2]);
+/// let mut v: ClassBox<'static, Vec<u32>> = NUMS.alloc(vec![1, 2]);
 /// v.push(3); // `DerefMut` to the object
 /// assert_eq!(*v, [1, 2, 3]);
 /// let moved = std::thread::spawn(move || v.len()).join().unwrap(); // `Send`: `Vec` is
@@ -858,7 +858,7 @@ impl<T> Drop for SlotGuard<'_, T> {
 /// let h = RCS.alloc(Rc::new(1));
 /// std::thread::spawn(move || drop(h)); // error: `Rc<u8>` cannot be sent between threads
 /// ```
-pub struct Pooled<'a, T> {
+pub struct ClassBox<'a, T> {
     ptr: NonNull<T>,
     alloc: &'a ClassAllocator<T>,
     _owns: PhantomData<T>,
@@ -866,20 +866,20 @@ pub struct Pooled<'a, T> {
 
 // SAFETY: the handle owns its `T` exclusively (like `Box<T>`); the allocator reference is
 // to a `Sync` allocator.
-unsafe impl<T: Send> Send for Pooled<'_, T> {}
-// SAFETY: `&Pooled<T>` only gives out `&T`.
-unsafe impl<T: Sync> Sync for Pooled<'_, T> {}
+unsafe impl<T: Send> Send for ClassBox<'_, T> {}
+// SAFETY: `&ClassBox<T>` only gives out `&T`.
+unsafe impl<T: Sync> Sync for ClassBox<'_, T> {}
 
-impl<'a, T> Pooled<'a, T> {
+impl<'a, T> ClassBox<'a, T> {
     /// The allocator this object came from. (An associated function, not a method, so
-    /// that it cannot shadow a method of `T`: call it as `Pooled::allocator(&handle)`.)
+    /// that it cannot shadow a method of `T`: call it as `ClassBox::allocator(&handle)`.)
     ///
     /// ```
-    /// use proxalloc::{ClassAllocator, Pooled};
+    /// use proxalloc::{ClassAllocator, ClassBox};
     /// static IDS: ClassAllocator<u64> = ClassAllocator::new("doc-pooled-allocator");
     /// let id = IDS.alloc(9);
-    /// assert!(std::ptr::eq(Pooled::allocator(&id), &IDS));
-    /// assert_eq!(Pooled::allocator(&id).name(), "doc-pooled-allocator");
+    /// assert!(std::ptr::eq(ClassBox::allocator(&id), &IDS));
+    /// assert_eq!(ClassBox::allocator(&id).name(), "doc-pooled-allocator");
     /// ```
     pub fn allocator(this: &Self) -> &'a ClassAllocator<T> {
         this.alloc
@@ -888,10 +888,10 @@ impl<'a, T> Pooled<'a, T> {
     /// Moves the value out and recycles the memory.
     ///
     /// ```
-    /// use proxalloc::{ClassAllocator, Pooled};
+    /// use proxalloc::{ClassAllocator, ClassBox};
     /// static LINES: ClassAllocator<String> = ClassAllocator::new("doc-pooled-into-inner");
     /// let line = LINES.alloc("GET / HTTP/1.1".to_string());
-    /// let owned: String = Pooled::into_inner(line);
+    /// let owned: String = ClassBox::into_inner(line);
     /// assert_eq!(owned, "GET / HTTP/1.1");
     /// assert_eq!(LINES.stats().live, 0); // the slot is back in the cache
     /// ```
@@ -908,12 +908,12 @@ impl<'a, T> Pooled<'a, T> {
     /// Pair with [`from_raw`](Self::from_raw) or [`ClassAllocator`]-aware code.
     ///
     /// ```
-    /// use proxalloc::{ClassAllocator, Pooled};
+    /// use proxalloc::{ClassAllocator, ClassBox};
     /// static NODES: ClassAllocator<u64> = ClassAllocator::new("doc-pooled-into-raw");
-    /// let raw = Pooled::into_raw(NODES.alloc(5)); // e.g. stored in an intrusive list
+    /// let raw = ClassBox::into_raw(NODES.alloc(5)); // e.g. stored in an intrusive list
     /// assert_eq!(NODES.stats().live, 1);
     /// // SAFETY: `raw` came from `into_raw` on an object of `NODES`, and is used once.
-    /// let back = unsafe { Pooled::from_raw(&NODES, raw) };
+    /// let back = unsafe { ClassBox::from_raw(&NODES, raw) };
     /// assert_eq!(*back, 5);
     /// ```
     pub fn into_raw(this: Self) -> NonNull<T> {
@@ -927,17 +927,17 @@ impl<'a, T> Pooled<'a, T> {
     /// out), and no other handle owns it.
     ///
     /// ```
-    /// use proxalloc::{ClassAllocator, Pooled};
+    /// use proxalloc::{ClassAllocator, ClassBox};
     /// static TIMERS: ClassAllocator<u32> = ClassAllocator::new("doc-pooled-from-raw");
-    /// let p = Pooled::into_raw(TIMERS.alloc(30));
+    /// let p = ClassBox::into_raw(TIMERS.alloc(30));
     /// // SAFETY: `p` is an initialised object of `TIMERS` that no handle owns.
-    /// let h = unsafe { Pooled::from_raw(&TIMERS, p) };
-    /// assert_eq!(Pooled::as_ptr(&h), p.as_ptr().cast_const());
+    /// let h = unsafe { ClassBox::from_raw(&TIMERS, p) };
+    /// assert_eq!(ClassBox::as_ptr(&h), p.as_ptr().cast_const());
     /// drop(h); // dropped and recycled as usual
     /// assert_eq!(TIMERS.stats().live, 0);
     /// ```
     pub unsafe fn from_raw(alloc: &'a ClassAllocator<T>, ptr: NonNull<T>) -> Self {
-        Pooled {
+        ClassBox {
             ptr,
             alloc,
             _owns: PhantomData,
@@ -947,9 +947,9 @@ impl<'a, T> Pooled<'a, T> {
     /// Leaks the object: it is never dropped and its memory never recycled.
     ///
     /// ```
-    /// use proxalloc::{ClassAllocator, Pooled};
+    /// use proxalloc::{ClassAllocator, ClassBox};
     /// static SETTINGS: ClassAllocator<u32> = ClassAllocator::new("doc-pooled-leak");
-    /// let forever: &'static mut u32 = Pooled::leak(SETTINGS.alloc(1));
+    /// let forever: &'static mut u32 = ClassBox::leak(SETTINGS.alloc(1));
     /// *forever += 1;
     /// assert_eq!(*forever, 2);
     /// assert_eq!(SETTINGS.stats().live, 1); // still counted as live
@@ -962,10 +962,10 @@ impl<'a, T> Pooled<'a, T> {
     /// A raw pointer to the object (the handle keeps ownership).
     ///
     /// ```
-    /// use proxalloc::{ClassAllocator, Pooled};
+    /// use proxalloc::{ClassAllocator, ClassBox};
     /// static KEYS: ClassAllocator<u64> = ClassAllocator::new("doc-pooled-as-ptr");
     /// let k = KEYS.alloc(11);
-    /// let p = Pooled::as_ptr(&k);
+    /// let p = ClassBox::as_ptr(&k);
     /// assert_eq!(p, &*k as *const u64);
     /// // SAFETY: `k` still owns the object, so it is live.
     /// assert_eq!(unsafe { *p }, 11);
@@ -975,7 +975,7 @@ impl<'a, T> Pooled<'a, T> {
     }
 }
 
-impl<T> Drop for Pooled<'_, T> {
+impl<T> Drop for ClassBox<'_, T> {
     #[inline(always)]
     fn drop(&mut self) {
         if std::mem::needs_drop::<T>() {
@@ -993,7 +993,7 @@ impl<T> Drop for Pooled<'_, T> {
     }
 }
 
-impl<T> Deref for Pooled<'_, T> {
+impl<T> Deref for ClassBox<'_, T> {
     type Target = T;
     #[inline]
     fn deref(&self) -> &T {
@@ -1002,7 +1002,7 @@ impl<T> Deref for Pooled<'_, T> {
     }
 }
 
-impl<T> DerefMut for Pooled<'_, T> {
+impl<T> DerefMut for ClassBox<'_, T> {
     #[inline]
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: the handle owns an initialised value, exclusively.
@@ -1010,69 +1010,69 @@ impl<T> DerefMut for Pooled<'_, T> {
     }
 }
 
-impl<T> AsRef<T> for Pooled<'_, T> {
+impl<T> AsRef<T> for ClassBox<'_, T> {
     fn as_ref(&self) -> &T {
         self
     }
 }
 
-impl<T> AsMut<T> for Pooled<'_, T> {
+impl<T> AsMut<T> for ClassBox<'_, T> {
     fn as_mut(&mut self) -> &mut T {
         self
     }
 }
 
-impl<T> Borrow<T> for Pooled<'_, T> {
+impl<T> Borrow<T> for ClassBox<'_, T> {
     fn borrow(&self) -> &T {
         self
     }
 }
 
-impl<T> BorrowMut<T> for Pooled<'_, T> {
+impl<T> BorrowMut<T> for ClassBox<'_, T> {
     fn borrow_mut(&mut self) -> &mut T {
         self
     }
 }
 
-impl<T: fmt::Debug> fmt::Debug for Pooled<'_, T> {
+impl<T: fmt::Debug> fmt::Debug for ClassBox<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&**self, f)
     }
 }
 
-impl<T: fmt::Display> fmt::Display for Pooled<'_, T> {
+impl<T: fmt::Display> fmt::Display for ClassBox<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&**self, f)
     }
 }
 
-impl<T> fmt::Pointer for Pooled<'_, T> {
+impl<T> fmt::Pointer for ClassBox<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Pointer::fmt(&self.ptr, f)
     }
 }
 
-impl<T: PartialEq> PartialEq for Pooled<'_, T> {
+impl<T: PartialEq> PartialEq for ClassBox<'_, T> {
     fn eq(&self, other: &Self) -> bool {
         **self == **other
     }
 }
 
-impl<T: Eq> Eq for Pooled<'_, T> {}
+impl<T: Eq> Eq for ClassBox<'_, T> {}
 
-impl<T: PartialOrd> PartialOrd for Pooled<'_, T> {
+impl<T: PartialOrd> PartialOrd for ClassBox<'_, T> {
     fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
         (**self).partial_cmp(&**other)
     }
 }
 
-impl<T: Ord> Ord for Pooled<'_, T> {
+impl<T: Ord> Ord for ClassBox<'_, T> {
     fn cmp(&self, other: &Self) -> CmpOrdering {
         (**self).cmp(&**other)
     }
 }
 
-impl<T: Hash> Hash for Pooled<'_, T> {
+impl<T: Hash> Hash for ClassBox<'_, T> {
     fn hash<H: Hasher>(&self, state: &mut H) {
         (**self).hash(state)
     }
@@ -1120,7 +1120,7 @@ impl<'a, T> LocalCache<'a, T> {
     /// ```
     #[inline]
     #[must_use = "dropping the handle frees the object at once"]
-    pub fn alloc(&self, value: T) -> Pooled<'a, T> {
+    pub fn alloc(&self, value: T) -> ClassBox<'a, T> {
         self.alloc_with(|| value)
     }
 
@@ -1139,7 +1139,7 @@ impl<'a, T> LocalCache<'a, T> {
     /// ```
     #[inline]
     #[must_use = "dropping the handle frees the object at once"]
-    pub fn alloc_with(&self, init: impl FnOnce() -> T) -> Pooled<'a, T> {
+    pub fn alloc_with(&self, init: impl FnOnce() -> T) -> ClassBox<'a, T> {
         if self.alloc.capped() {
             return self.alloc.alloc_with(init);
         }
@@ -1160,7 +1160,7 @@ impl<'a, T> LocalCache<'a, T> {
         unsafe { slot.as_ptr().write(init()) };
         std::mem::forget(guard);
         // SAFETY: a fresh slot of this allocator, now initialised, owned by nobody else.
-        unsafe { Pooled::from_raw(self.alloc, slot) }
+        unsafe { ClassBox::from_raw(self.alloc, slot) }
     }
 
     /// Drops an object and recycles its memory into this cache.
@@ -1187,7 +1187,7 @@ impl<'a, T> LocalCache<'a, T> {
     /// A.with_local(|cache| cache.free(b)); // panics: `b` belongs to `B`
     /// ```
     #[inline]
-    pub fn free(&self, object: Pooled<'_, T>) {
+    pub fn free(&self, object: ClassBox<'_, T>) {
         assert!(
             std::ptr::eq(object.alloc, self.alloc),
             "proxalloc: object freed into a different allocator ({:?}) than its own ({:?})",
@@ -1197,7 +1197,7 @@ impl<'a, T> LocalCache<'a, T> {
         if self.alloc.capped() {
             return drop(object);
         }
-        let ptr = Pooled::into_raw(object);
+        let ptr = ClassBox::into_raw(object);
         let guard = SlotGuard {
             alloc: self.alloc,
             slot: ptr,

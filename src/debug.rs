@@ -9,7 +9,7 @@
 //! with [`POISON`]) so that a use after free reads an obviously wrong value.
 //!
 //! These are safety nets for code that uses the `unsafe` escape hatches
-//! (`Pooled::from_raw`); safe code cannot free twice.
+//! (`ClassBox::from_raw`); safe code cannot free twice.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -33,7 +33,7 @@ use crate::cache::{self, slots, Counters, Counts, ThreadCache};
 use crate::config::{bypass_from_env, CacheMode, Config};
 use crate::depot::{Depot, Eviction, Put};
 use crate::magazine::{self, Magazine, NIL};
-use crate::registry::Source;
+use crate::registry::Registered;
 use crate::stats::Stats;
 use crate::sync::{self, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
 
@@ -740,7 +740,7 @@ impl Engine {
     }
 }
 
-impl Source for Engine {
+impl Registered for Engine {
     fn stats(&self) -> Option<Stats> {
         self.is_alive().then(|| Engine::stats(self))
     }

@@ -4,7 +4,7 @@
 //! object types millions of times a second.
 //!
 //! - [`ClassAllocator<T>`] hands out objects of one type through an owning handle,
-//!   [`Pooled`], whose `Drop` runs `T`'s destructor and recycles the memory.
+//!   [`ClassBox`], whose `Drop` runs `T`'s destructor and recycles the memory.
 //! - Each thread keeps freed objects in two *magazines* (Bonwick's loaded and previous),
 //!   so the common allocation and free touch only thread-local memory, with no atomic
 //!   read-modify-write and no lock.
@@ -56,7 +56,7 @@ mod thin;
 pub use block_source::{
     BlockAllocator, BlockSource, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
 };
-pub use class::{AllocError, ClassAllocator, LocalCache, Pooled};
+pub use class::{AllocError, ClassAllocator, ClassBox, LocalCache};
 pub use config::{CacheMode, Config, BYPASS_ENV, MAX_MAGAZINE_SIZE};
 pub use debug::POISON;
 pub use owned::Owned;
@@ -120,7 +120,7 @@ pub mod __loom {
     pub use crate::depot::{for_each_in_chain, Depot, MagazineStack};
     pub use crate::magazine::{Magazine, MagazineTable, NIL};
 
-    use crate::registry::Source;
+    use crate::registry::Registered;
     use crate::sync::Arc;
     use crate::{ClassAllocator, Stats};
 
@@ -137,12 +137,12 @@ pub mod __loom {
 
         /// What `trim_all` does to this allocator.
         pub fn trim(&self) -> usize {
-            Source::trim(&*self.0)
+            Registered::trim(&*self.0)
         }
 
         /// What `stats::all` reads of this allocator.
         pub fn stats(&self) -> Option<Stats> {
-            Source::stats(&*self.0)
+            Registered::stats(&*self.0)
         }
     }
 }

@@ -2,7 +2,7 @@
 //! allocator alive through an `Arc`, so it can move into `tokio::spawn` or a long-lived
 //! struct.
 //!
-//! A handle from a `static` allocator (`Pooled<'static, T>`) is already `'static` and
+//! A handle from a `static` allocator (`ClassBox<'static, T>`) is already `'static` and
 //! costs nothing extra; `Owned` is for allocators that are values. Its price is the
 //! `Arc`: one reference-count increment when the object is allocated and one decrement
 //! when it is freed (atomic read-modify-writes on the allocator's `Arc`, shared by every
@@ -14,11 +14,11 @@ use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::class::{AllocError, ClassAllocator, Pooled};
+use crate::class::{AllocError, ClassAllocator, ClassBox};
 
 /// An object owned through an `Arc` of its [`ClassAllocator`]: `'static`, `Send` when `T`
 /// is, and dropping it runs `T`'s destructor and recycles the memory into the dropping
-/// thread's cache, like [`Pooled`].
+/// thread's cache, like [`ClassBox`].
 ///
 /// ```
 /// use std::sync::Arc;
@@ -31,7 +31,7 @@ use crate::class::{AllocError, ClassAllocator, Pooled};
 /// assert_eq!(requests.stats().live, 0);
 /// ```
 ///
-/// Like `Pooled`, it is `Send` only when `T` is:
+/// Like `ClassBox`, it is `Send` only when `T` is:
 ///
 /// ```compile_fail
 /// use std::{rc::Rc, sync::Arc};
@@ -71,7 +71,7 @@ impl<T> ClassAllocator<T> {
     #[inline]
     #[must_use = "dropping the handle frees the object at once"]
     pub fn alloc_arc(self: &Arc<Self>, value: T) -> Owned<T> {
-        let ptr = Pooled::into_raw(self.alloc(value));
+        let ptr = ClassBox::into_raw(self.alloc(value));
         Owned {
             ptr,
             alloc: Arc::clone(self),
@@ -97,7 +97,7 @@ impl<T> ClassAllocator<T> {
     #[inline]
     #[must_use = "dropping the result frees the object at once"]
     pub fn try_alloc_arc(self: &Arc<Self>, value: T) -> Result<Owned<T>, AllocError> {
-        let ptr = Pooled::into_raw(self.try_alloc(value)?);
+        let ptr = ClassBox::into_raw(self.try_alloc(value)?);
         Ok(Owned {
             ptr,
             alloc: Arc::clone(self),
@@ -137,7 +137,7 @@ impl<T> Owned<T> {
         let this = ManuallyDrop::new(this);
         // SAFETY: the handle owns an initialised object of `alloc`; the handle is given
         // up here, and the allocator reference lives until the end of this call.
-        let value = Pooled::into_inner(unsafe { Pooled::from_raw(&this.alloc, this.ptr) });
+        let value = ClassBox::into_inner(unsafe { ClassBox::from_raw(&this.alloc, this.ptr) });
         // SAFETY: read once: the handle is never used or dropped again.
         drop(unsafe { std::ptr::read(&this.alloc) });
         value
@@ -150,7 +150,7 @@ impl<T> Drop for Owned<T> {
         // SAFETY: the handle owns an initialised object of `alloc`, dropped and
         // recycled exactly once here; the `Arc` field drops after, so the allocator
         // outlives the free.
-        drop(unsafe { Pooled::from_raw(&*self.alloc, self.ptr) });
+        drop(unsafe { ClassBox::from_raw(&*self.alloc, self.ptr) });
     }
 }
 

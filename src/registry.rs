@@ -9,7 +9,7 @@ use crate::stats::Stats;
 
 /// Something that can report stats and give memory back: a class allocator's engine, or
 /// a pool block source.
-pub(crate) trait Source: Send + Sync {
+pub(crate) trait Registered: Send + Sync {
     /// Its stats, or `None` once its owner is gone.
     fn stats(&self) -> Option<Stats>;
     /// Gives back what it caches (in the depot, and in the calling thread's cache);
@@ -21,19 +21,19 @@ pub(crate) trait Source: Send + Sync {
 mod imp {
     use std::sync::{Arc, Mutex, Weak};
 
-    use super::Source;
+    use super::Registered;
 
-    static SOURCES: Mutex<Vec<Weak<dyn Source>>> = Mutex::new(Vec::new());
+    static REGISTERED: Mutex<Vec<Weak<dyn Registered>>> = Mutex::new(Vec::new());
 
-    pub(crate) fn register(source: &Arc<dyn Source>) {
-        let mut list = SOURCES.lock().unwrap_or_else(|e| e.into_inner());
+    pub(crate) fn register(source: &Arc<dyn Registered>) {
+        let mut list = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
         list.retain(|w| w.strong_count() > 0);
         list.push(Arc::downgrade(source));
     }
 
-    /// The registered sources that still exist, in registration order.
-    pub(crate) fn sources() -> Vec<Arc<dyn Source>> {
-        let list = SOURCES.lock().unwrap_or_else(|e| e.into_inner());
+    /// The registered allocators and block sources that still exist, in registration order.
+    pub(crate) fn registered() -> Vec<Arc<dyn Registered>> {
+        let list = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
         list.iter().filter_map(Weak::upgrade).collect()
     }
 }
@@ -41,24 +41,24 @@ mod imp {
 /// Under loom the models build allocators as plain values; nothing is listed.
 #[cfg(proxalloc_loom)]
 mod imp {
-    use super::Source;
+    use super::Registered;
     use crate::sync::Arc;
 
-    pub(crate) fn sources() -> Vec<Arc<dyn Source>> {
+    pub(crate) fn registered() -> Vec<Arc<dyn Registered>> {
         Vec::new()
     }
 }
 
 #[cfg(not(proxalloc_loom))]
 pub(crate) use imp::register;
-pub(crate) use imp::sources;
+pub(crate) use imp::registered;
 
 /// Stats of every live allocator, in registration order.
 pub(crate) fn all_stats() -> Vec<Stats> {
-    sources().iter().filter_map(|s| s.stats()).collect()
+    registered().iter().filter_map(|s| s.stats()).collect()
 }
 
 /// Trims every live allocator; returns the bytes released.
 pub(crate) fn trim_all() -> usize {
-    sources().iter().map(|s| s.trim()).sum()
+    registered().iter().map(|s| s.trim()).sum()
 }

@@ -192,7 +192,7 @@ pub fn all() -> Vec<Stats> {
 /// # drop(conn);
 /// ```
 pub fn for_each(mut f: impl FnMut(&Stats)) {
-    for source in crate::registry::sources() {
+    for source in crate::registry::registered() {
         if let Some(s) = source.stats() {
             f(&s);
         }

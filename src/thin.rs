@@ -1,7 +1,7 @@
 //! One-word handles for `static` allocators: [`Thin<C>`] is the object's pointer alone,
 //! the allocator being known from the type `C` (declared with [`static_class!`]).
 //!
-//! A [`Pooled`] handle is two words: the object and its allocator. A request that holds
+//! A [`ClassBox`] handle is two words: the object and its allocator. A request that holds
 //! a thousand objects keeps a thousand handles, so their size shows: measured in the
 //! peer suite (`suite_profile proxalloc-one-word`), one-word handles made a batch of
 //! 1024 live 64-byte objects 10% faster on one thread and 20% faster on two.
@@ -12,7 +12,7 @@ use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
-use crate::class::{AllocError, ClassAllocator, Pooled};
+use crate::class::{AllocError, ClassAllocator, ClassBox};
 
 /// A `static` [`ClassAllocator`] named by a type, so that its handles ([`Thin`]) need
 /// not carry it. Implemented by [`static_class!`](crate::static_class!).
@@ -126,7 +126,7 @@ macro_rules! static_class {
 
 /// An object of the `static` class allocator `C`, in one word: dropping it runs the
 /// object's destructor and recycles the memory into the dropping thread's cache, as
-/// [`Pooled`] does. `Send`/`Sync` exactly when the object type is.
+/// [`ClassBox`] does. `Send`/`Sync` exactly when the object type is.
 ///
 /// ```
 /// use proxalloc::{static_class, StaticClass, Thin};
@@ -170,7 +170,7 @@ impl<C: StaticClass> Thin<C> {
     #[must_use = "dropping the handle frees the object at once"]
     pub fn new(value: C::Object) -> Self {
         Thin {
-            ptr: Pooled::into_raw(C::allocator().alloc(value)),
+            ptr: ClassBox::into_raw(C::allocator().alloc(value)),
             _owns: PhantomData,
         }
     }
@@ -189,7 +189,7 @@ impl<C: StaticClass> Thin<C> {
     #[must_use = "dropping the result frees the object at once"]
     pub fn try_new(value: C::Object) -> Result<Self, AllocError> {
         Ok(Thin {
-            ptr: Pooled::into_raw(C::allocator().try_alloc(value)?),
+            ptr: ClassBox::into_raw(C::allocator().try_alloc(value)?),
             _owns: PhantomData,
         })
     }
@@ -197,21 +197,21 @@ impl<C: StaticClass> Thin<C> {
     /// The two-word handle for the same object (and back with `Thin::from`).
     ///
     /// ```
-    /// use proxalloc::{static_class, Pooled, StaticClass, Thin};
-    /// static_class!(Frames: [u8; 16] = "doc-thin-into-pooled");
+    /// use proxalloc::{static_class, ClassBox, StaticClass, Thin};
+    /// static_class!(Frames: [u8; 16] = "doc-thin-into-class-box");
     /// let thin = Frames::alloc([3; 16]);
     /// let addr = &*thin as *const [u8; 16];
-    /// let pooled: Pooled<'static, [u8; 16]> = Thin::into_pooled(thin);
-    /// assert_eq!(Pooled::as_ptr(&pooled), addr); // the same object, not a copy
-    /// assert!(std::ptr::eq(Pooled::allocator(&pooled), Frames::allocator()));
-    /// let thin_again: Thin<Frames> = Thin::from(pooled);
+    /// let boxed: ClassBox<'static, [u8; 16]> = Thin::into_class_box(thin);
+    /// assert_eq!(ClassBox::as_ptr(&boxed), addr); // the same object, not a copy
+    /// assert!(std::ptr::eq(ClassBox::allocator(&boxed), Frames::allocator()));
+    /// let thin_again: Thin<Frames> = Thin::from(boxed);
     /// assert_eq!(thin_again[0], 3);
     /// ```
-    pub fn into_pooled(this: Self) -> Pooled<'static, C::Object> {
+    pub fn into_class_box(this: Self) -> ClassBox<'static, C::Object> {
         let this = ManuallyDrop::new(this);
         // SAFETY: the handle owns an initialised object of `C`'s allocator, and gives
         // it up here.
-        unsafe { Pooled::from_raw(C::allocator(), this.ptr) }
+        unsafe { ClassBox::from_raw(C::allocator(), this.ptr) }
     }
 
     /// Moves the value out and recycles the memory.
@@ -225,24 +225,24 @@ impl<C: StaticClass> Thin<C> {
     /// assert_eq!(Names::allocator().stats().live, 0);
     /// ```
     pub fn into_inner(this: Self) -> C::Object {
-        Pooled::into_inner(Self::into_pooled(this))
+        ClassBox::into_inner(Self::into_class_box(this))
     }
 }
 
-impl<C: StaticClass> From<Pooled<'static, C::Object>> for Thin<C> {
+impl<C: StaticClass> From<ClassBox<'static, C::Object>> for Thin<C> {
     /// Takes over a handle of `C`'s allocator.
     ///
     /// # Panics
     /// If the handle belongs to another allocator.
-    fn from(handle: Pooled<'static, C::Object>) -> Self {
+    fn from(handle: ClassBox<'static, C::Object>) -> Self {
         assert!(
-            std::ptr::eq(Pooled::allocator(&handle), C::allocator()),
+            std::ptr::eq(ClassBox::allocator(&handle), C::allocator()),
             "proxalloc: a handle of allocator {:?} made into a Thin of {:?}",
-            Pooled::allocator(&handle).name(),
+            ClassBox::allocator(&handle).name(),
             C::allocator().name(),
         );
         Thin {
-            ptr: Pooled::into_raw(handle),
+            ptr: ClassBox::into_raw(handle),
             _owns: PhantomData,
         }
     }
@@ -253,7 +253,7 @@ impl<C: StaticClass> Drop for Thin<C> {
     fn drop(&mut self) {
         // SAFETY: the handle owns an initialised object of `C`'s allocator, dropped and
         // recycled exactly once here.
-        drop(unsafe { Pooled::from_raw(C::allocator(), self.ptr) });
+        drop(unsafe { ClassBox::from_raw(C::allocator(), self.ptr) });
     }
 }
 

@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 
-use proxalloc::{AllocError, ClassAllocator, Config, Pool, Pooled, Recycle, RecyclingAllocator};
+use proxalloc::{AllocError, ClassAllocator, ClassBox, Config, Pool, Recycle, RecyclingAllocator};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 fn serial() -> MutexGuard<'static, ()> {
@@ -87,7 +87,7 @@ fn c1_permits_conserved_across_thread_churn() {
     );
     let rounds = if cfg!(miri) { 2 } else { 20 };
     for r in 0..rounds {
-        let (tx, rx) = mpsc::channel::<Pooled<'static, [u64; 2]>>();
+        let (tx, rx) = mpsc::channel::<ClassBox<'static, [u64; 2]>>();
         let hs: Vec<_> = (0..3)
             .map(|t| {
                 let tx = tx.clone();

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use proxalloc::{AllocError, CacheMode, ClassAllocator, Config, Pooled, Stats};
+use proxalloc::{AllocError, CacheMode, ClassAllocator, ClassBox, Config, Stats};
 
 /// The invariant every quiescent snapshot satisfies: each object is in exactly one place.
 fn assert_conserved(s: &Stats) {
@@ -57,8 +57,8 @@ fn single_thread_accounting_is_exact() {
 #[test]
 fn freed_objects_are_reused_lifo() {
     let a = ClassAllocator::<u64>::new("lifo");
-    let p = Pooled::as_ptr(&a.alloc(1));
-    let q = Pooled::as_ptr(&a.alloc(2));
+    let p = ClassBox::as_ptr(&a.alloc(1));
+    let q = ClassBox::as_ptr(&a.alloc(2));
     assert_eq!(p, q, "the slot just freed is handed out next");
 }
 
@@ -75,7 +75,7 @@ fn values_are_dropped_exactly_once() {
     let v: Vec<_> = (0..500).map(|i| a.alloc(Counted(i))).collect();
     drop(v);
     assert_eq!(DROPS.load(Ordering::Relaxed), 500);
-    let inner = Pooled::into_inner(a.alloc(Counted(1)));
+    let inner = ClassBox::into_inner(a.alloc(Counted(1)));
     assert_eq!(
         DROPS.load(Ordering::Relaxed),
         500,
@@ -89,19 +89,19 @@ fn values_are_dropped_exactly_once() {
 #[test]
 fn raw_round_trip_and_leak() {
     let a = ClassAllocator::<String>::new("raw");
-    let raw = Pooled::into_raw(a.alloc("hello".to_string()));
+    let raw = ClassBox::into_raw(a.alloc("hello".to_string()));
     assert_eq!(a.stats().live, 1);
     // SAFETY: from `into_raw` on this allocator, owned by nobody else.
-    let back = unsafe { Pooled::from_raw(&a, raw) };
+    let back = unsafe { ClassBox::from_raw(&a, raw) };
     assert_eq!(*back, "hello");
     drop(back);
     assert_eq!(a.stats().live, 0);
-    let leaked: &mut String = Pooled::leak(a.alloc("leak".into()));
+    let leaked: &mut String = ClassBox::leak(a.alloc("leak".into()));
     leaked.push('!');
     assert_eq!(leaked, "leak!");
     assert_eq!(a.stats().live, 1, "a leaked object stays live");
     // SAFETY: the leaked pointer came from this allocator and is not used again.
-    drop(unsafe { Pooled::from_raw(&a, std::ptr::NonNull::from(leaked)) });
+    drop(unsafe { ClassBox::from_raw(&a, std::ptr::NonNull::from(leaked)) });
     assert_all_returned(&a);
 }
 
@@ -120,7 +120,7 @@ fn handle_forwards_traits() {
         h.finish()
     };
     assert_eq!(hash(&|h| x.hash(h)), hash(&|h| "abc".to_string().hash(h)));
-    assert_eq!(Pooled::allocator(&x).name(), "traits");
+    assert_eq!(ClassBox::allocator(&x).name(), "traits");
 }
 
 #[test]
@@ -146,11 +146,11 @@ fn zero_sized_and_over_aligned_types() {
             .map(|i| pages.alloc(Page([i as u8; 4096])))
             .collect();
         for (i, x) in l.iter().enumerate() {
-            assert_eq!(Pooled::as_ptr(x) as usize % 64, 0, "round {round}");
+            assert_eq!(ClassBox::as_ptr(x) as usize % 64, 0, "round {round}");
             assert_eq!(x.0[63], i as u8);
         }
         for (i, x) in p.iter().enumerate() {
-            assert_eq!(Pooled::as_ptr(x) as usize % 4096, 0, "round {round}");
+            assert_eq!(ClassBox::as_ptr(x) as usize % 4096, 0, "round {round}");
             assert_eq!(x.0[4095], i as u8);
         }
     }
@@ -316,7 +316,7 @@ fn release_thread_cache_inside_with_local_only_flushes() {
 fn cross_thread_frees_account_exactly() {
     const BATCHES: u64 = if cfg!(miri) { 10 } else { 200 };
     let a = ClassAllocator::<[u64; 4]>::with_config("cross", Config::new().magazine_size(8));
-    let (tx, rx) = mpsc::sync_channel::<Vec<Pooled<'_, [u64; 4]>>>(4);
+    let (tx, rx) = mpsc::sync_channel::<Vec<ClassBox<'_, [u64; 4]>>>(4);
     std::thread::scope(|s| {
         s.spawn(|| {
             for batch in 0..BATCHES {
@@ -372,7 +372,7 @@ fn exiting_thread_gives_its_cache_back() {
 #[test]
 fn free_during_thread_local_teardown_does_not_panic_or_leak() {
     static LATE: ClassAllocator<Vec<u8>> = ClassAllocator::new("late");
-    struct FreesOnExit(Option<Pooled<'static, Vec<u8>>>);
+    struct FreesOnExit(Option<ClassBox<'static, Vec<u8>>>);
     impl Drop for FreesOnExit {
         fn drop(&mut self) {
             // Whether or not proxalloc's own thread-local is gone yet, this must work.
@@ -416,7 +416,7 @@ fn many_threads_random_ops_match_a_model() {
         Config::new().magazine_size(8).depot_bytes(64 * 24),
     );
     let channels: Vec<_> = (0..THREADS)
-        .map(|_| mpsc::channel::<Pooled<'_, [u64; 3]>>())
+        .map(|_| mpsc::channel::<ClassBox<'_, [u64; 3]>>())
         .collect();
     let senders: Vec<_> = channels.iter().map(|(tx, _)| tx.clone()).collect();
     let totals: Vec<(u64, u64)> = std::thread::scope(|s| {
@@ -429,7 +429,7 @@ fn many_threads_random_ops_match_a_model() {
                 s.spawn(move || {
                     let mut rng = XorShift(0x9E37_79B9_7F4A_7C15 ^ (t as u64 + 1));
                     // The model: every object we hold carries (thread, serial, checksum).
-                    let mut held: Vec<Pooled<'_, [u64; 3]>> = Vec::new();
+                    let mut held: Vec<ClassBox<'_, [u64; 3]>> = Vec::new();
                     let (mut allocs, mut frees) = (0u64, 0u64);
                     for serial in 0..ops {
                         held.extend(rx.try_iter());

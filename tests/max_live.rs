@@ -2,7 +2,7 @@
 
 use std::sync::{Barrier, Mutex};
 
-use proxalloc::{AllocError, ClassAllocator, Config, Pooled};
+use proxalloc::{AllocError, ClassAllocator, ClassBox, Config};
 
 #[test]
 fn the_cap_refuses_the_next_allocation_until_one_is_freed() {
@@ -28,7 +28,7 @@ fn two_threads_are_refused_at_exactly_the_cap() {
         Config::new().max_live(CAP).magazine_size(8),
     );
     let barrier = Barrier::new(2);
-    let pile: Mutex<Vec<Pooled<'_, [u64; 4]>>> = Mutex::new(Vec::new());
+    let pile: Mutex<Vec<ClassBox<'_, [u64; 4]>>> = Mutex::new(Vec::new());
     let rounds = if cfg!(miri) { 2 } else { 50 };
     std::thread::scope(|s| {
         for t in 0..2u64 {

@@ -41,14 +41,14 @@ fn a_thin_handle_is_one_word_and_frees_on_drop() {
 }
 
 #[test]
-fn thin_handles_cross_threads_and_convert_to_and_from_pooled() {
+fn thin_handles_cross_threads_and_convert_to_and_from_class_box() {
     let hs: Vec<Thin<Words>> = (0..64).map(|i| Thin::new([i; 8])).collect();
     let sum = std::thread::spawn(move || hs.iter().map(|h| h[7]).sum::<u64>())
         .join()
         .unwrap();
     assert_eq!(sum, (0..64).sum::<u64>());
-    let pooled = Thin::into_pooled(Words::alloc([5; 8]));
-    let thin: Thin<Words> = Thin::from(pooled);
+    let boxed = Thin::into_class_box(Words::alloc([5; 8]));
+    let thin: Thin<Words> = Thin::from(boxed);
     assert_eq!(Thin::into_inner(thin), [5; 8]);
     let s = Words::allocator().stats();
     assert_eq!(s.live, 0, "{s}");
@@ -56,7 +56,7 @@ fn thin_handles_cross_threads_and_convert_to_and_from_pooled() {
 
 #[test]
 #[should_panic(expected = "made into a Thin of")]
-fn a_pooled_handle_of_another_allocator_is_refused() {
+fn a_class_box_of_another_allocator_is_refused() {
     static OTHER: ClassAllocator<[u64; 8]> = ClassAllocator::new("thin-other");
     let _ = Thin::<Words>::from(OTHER.alloc([0; 8]));
 }

@@ -12,7 +12,7 @@ use std::ptr::NonNull;
 use std::sync::{mpsc, Barrier};
 use std::time::{Duration, Instant};
 
-use proxalloc::{CacheMode, ClassAllocator, Config, Pooled};
+use proxalloc::{CacheMode, ClassAllocator, ClassBox, Config};
 
 /// An N-byte object.
 #[derive(Clone, Copy)]
@@ -67,7 +67,7 @@ impl<T: 'static> Proxalloc<T> {
 }
 
 impl<const N: usize> Contender<Obj<N>> for Proxalloc<Obj<N>> {
-    type Handle = Pooled<'static, Obj<N>>;
+    type Handle = ClassBox<'static, Obj<N>>;
     #[inline(always)]
     fn alloc(&'static self, v: Obj<N>) -> Self::Handle {
         self.0.alloc(v)
@@ -83,7 +83,7 @@ impl<const N: usize> Contender<Obj<N>> for Proxalloc<Obj<N>> {
 }
 
 /// proxalloc with a one-word handle (the pointer alone; the allocator known from the
-/// contender): the experiment behind "should `Pooled` drop its allocator reference for
+/// contender): the experiment behind "should `ClassBox` drop its allocator reference for
 /// `static` allocators?". Same allocator code, half the handle.
 pub struct ProxallocOneWord<T: 'static>(pub ClassAllocator<T>);
 
@@ -105,12 +105,12 @@ impl<const N: usize> Contender<Obj<N>> for ProxallocOneWord<Obj<N>> {
     type Handle = OneWord<Obj<N>>;
     #[inline(always)]
     fn alloc(&'static self, v: Obj<N>) -> Self::Handle {
-        OneWord(Pooled::into_raw(self.0.alloc(v)))
+        OneWord(ClassBox::into_raw(self.0.alloc(v)))
     }
     #[inline(always)]
     fn free(&'static self, h: Self::Handle) {
         // SAFETY: `h` came from `into_raw` on this allocator and is freed once.
-        drop(unsafe { Pooled::from_raw(&self.0, h.0) })
+        drop(unsafe { ClassBox::from_raw(&self.0, h.0) })
     }
     #[inline(always)]
     fn touch(h: &Self::Handle) {

@@ -47,7 +47,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use proxalloc::{
-    pformat, BlockSource, CacheMode, ClassAllocator, Config, Pool, Pooled, DEFAULT_MAX_FREE,
+    pformat, BlockSource, CacheMode, ClassAllocator, ClassBox, Config, Pool, DEFAULT_MAX_FREE,
 };
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -111,7 +111,7 @@ pub struct Txn {
     /// Whether the cache may answer this request and store its answer.
     cacheable: bool,
     /// The request headers that travel on, one object each.
-    fields: Vec<Pooled<'static, Field>>,
+    fields: Vec<ClassBox<'static, Field>>,
     /// Memory for what the transaction writes: the `X-Forwarded-For` value, the answers
     /// it assembles. No block is taken until something is written.
     pool: Pool<'static>,
@@ -156,8 +156,8 @@ pub const MAX_ENTRY_BYTES: usize = 64 << 10;
 pub struct Entry {
     path: PathAndQuery,
     status: StatusCode,
-    fields: Vec<Pooled<'static, Field>>,
-    chunks: Vec<Pooled<'static, Chunk>>,
+    fields: Vec<ClassBox<'static, Field>>,
+    chunks: Vec<ClassBox<'static, Chunk>>,
     len: usize,
     stored: Instant,
     max_age: Duration,
@@ -243,7 +243,7 @@ pub struct Cache {
 
 #[derive(Default)]
 struct Shard {
-    map: HashMap<u64, Pooled<'static, Entry>>,
+    map: HashMap<u64, ClassBox<'static, Entry>>,
     /// Keys in the order they were stored, with when (to skip entries since replaced).
     order: VecDeque<(u64, Instant)>,
     bytes: usize,
@@ -282,7 +282,7 @@ impl Cache {
     }
 
     /// Stores `entry`, evicting the oldest entries of its shard to make room.
-    fn store(&self, key: u64, entry: Pooled<'static, Entry>) {
+    fn store(&self, key: u64, entry: ClassBox<'static, Entry>) {
         let bytes = entry.bytes();
         if bytes > self.shard_bytes {
             return;

@@ -10,7 +10,7 @@ use std::ptr::NonNull;
 
 use loom::sync::Arc;
 use loom::thread;
-use proxalloc::{ClassAllocator, Config, Pooled, Stats};
+use proxalloc::{ClassAllocator, ClassBox, Config, Stats};
 
 type Alloc = ClassAllocator<u64>;
 
@@ -160,7 +160,7 @@ fn cross_thread_free_of_a_handle() {
         let a1 = Arc::clone(&a);
         let made = thread::spawn(move || {
             let v: Vec<SendPtr> = (0..3)
-                .map(|i| SendPtr(Pooled::into_raw(a1.alloc(40 + i))))
+                .map(|i| SendPtr(ClassBox::into_raw(a1.alloc(40 + i))))
                 .collect();
             churn(&a1, 1);
             v
@@ -170,7 +170,7 @@ fn cross_thread_free_of_a_handle() {
         let freer = thread::spawn(move || {
             for (i, p) in ptrs.into_iter().enumerate() {
                 // SAFETY: from `into_raw` on this allocator; this thread owns it now.
-                let h = unsafe { Pooled::from_raw(&*a2, p.0) };
+                let h = unsafe { ClassBox::from_raw(&*a2, p.0) };
                 assert_eq!(*h, 40 + i as u64);
             }
             churn(&a2, 2);

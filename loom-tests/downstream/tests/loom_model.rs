@@ -24,7 +24,7 @@ use proxalloc::{BlockSource, ClassAllocator, Recycle, RecyclingAllocator};
 use proxalloc_downstream_tests::{Body, SESSIONS};
 
 #[test]
-fn pooled_crosses_loom_threads_through_mailboxes() {
+fn class_box_crosses_loom_threads_through_mailboxes() {
     static MSGS: ClassAllocator<[u64; 8]> = ClassAllocator::new("downstream-loom-mailbox");
     static EXECUTIONS: AtomicU64 = AtomicU64::new(0);
     loom::model(|| {

@@ -13,7 +13,7 @@ use proxalloc_downstream_tests::Body;
 const ROUNDS: u64 = if cfg!(miri) { 3 } else { 200 };
 
 #[test]
-fn pooled_crosses_std_threads_through_mailboxes() {
+fn class_box_crosses_std_threads_through_mailboxes() {
     static MSGS: ClassAllocator<[u64; 8]> = ClassAllocator::new("downstream-std-mailbox");
     for _ in 0..ROUNDS {
         common::mailbox_handoff(&MSGS);

@@ -2,7 +2,7 @@
 //! (`proxalloc_downstream_tests::sync`): `tests/loom_model.rs` runs them as loom models
 //! (`--cfg loom`), `tests/std_threads.rs` runs them on std threads (and under Miri).
 
-use proxalloc::{BlockSource, ClassAllocator, Pool, Pooled, Recycled, RecyclingAllocator, Stats};
+use proxalloc::{BlockSource, ClassAllocator, ClassBox, Pool, Recycled, RecyclingAllocator, Stats};
 use proxalloc_downstream_tests::sync::atomic::Ordering::Relaxed;
 use proxalloc_downstream_tests::sync::{mpsc, thread};
 use proxalloc_downstream_tests::{Body, Mailbox, Session};
@@ -19,8 +19,8 @@ pub fn assert_settled(s: &Stats) {
 /// freed by the main thread. Each object may be freed on the thread that did not
 /// allocate it, in either direction. Two allocations and two frees per run.
 pub fn mailbox_handoff(msgs: &'static ClassAllocator<[u64; 8]>) {
-    let to_main: Mailbox<Pooled<'static, [u64; 8]>> = Mailbox::new();
-    let to_worker: Mailbox<Pooled<'static, [u64; 8]>> = Mailbox::new();
+    let to_main: Mailbox<ClassBox<'static, [u64; 8]>> = Mailbox::new();
+    let to_worker: Mailbox<ClassBox<'static, [u64; 8]>> = Mailbox::new();
     let worker = {
         let (to_main, to_worker) = (to_main.clone(), to_worker.clone());
         thread::spawn(move || {
