@@ -26,10 +26,10 @@ use std::ptr::NonNull;
 #[cfg(not(proxalloc_loom))]
 use std::sync::OnceLock;
 
-use crate::backing::{free_user_block, MemoryOwner, ObjectHooks};
-use crate::budget::ByteBudget;
 use crate::class::ClassAllocator;
 use crate::config::Config;
+use crate::core::backing::{free_user_block, MemoryOwner, ObjectHooks};
+use crate::core::budget::ByteBudget;
 use crate::registry::Registered;
 use crate::stats::Stats;
 use crate::sync::{self, Arc, Mutex, StatCounter};
@@ -295,7 +295,7 @@ impl BlockSource {
             cache: Mutex::new(LargeBlocks::default()),
             budget: budget.clone(),
             memory: memory.as_ref().map(|m| m.get().clone()),
-            id: crate::cache::slots::fresh_instance(),
+            id: crate::core::ids::fresh_instance(),
             allocs: StatCounter::new(),
             frees: StatCounter::new(),
             cached_blocks: StatCounter::new(),
@@ -303,7 +303,7 @@ impl BlockSource {
             system_frees: StatCounter::new(),
         });
         #[cfg(not(proxalloc_loom))]
-        crate::registry::register(&(large.clone() as Arc<dyn Registered>));
+        crate::registry::register(&large);
         BlockSource {
             c8: class("pool-blocks-8K", cfg, hooks, &budget),
             c16: class("pool-blocks-16K", cfg, hooks, &budget),

@@ -144,7 +144,7 @@ impl Config {
             thread_cache_growth_bytes: Self::DEFAULT_THREAD_CACHE_GROWTH_BYTES,
             max_live: usize::MAX,
             mode: CacheMode::ThreadCaches,
-            generation_bits: crate::depot::MAX_GENERATION_BITS,
+            generation_bits: crate::core::depot::MAX_GENERATION_BITS,
         }
     }
 
@@ -282,7 +282,7 @@ impl Config {
     #[cfg(proxalloc_loom)]
     #[doc(hidden)]
     pub const fn generation_bits(mut self, bits: u32) -> Self {
-        let max = crate::depot::MAX_GENERATION_BITS;
+        let max = crate::core::depot::MAX_GENERATION_BITS;
         self.generation_bits = if bits > max { max } else { bits };
         self
     }

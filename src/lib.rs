@@ -35,35 +35,27 @@
 #![cfg_attr(feature = "nightly", feature(allocator_api))]
 #![cfg_attr(proxalloc_loom, allow(dead_code, unreachable_pub))]
 
-mod backing;
 mod block_source;
-mod budget;
-mod cache;
 mod class;
 mod config;
+mod core;
 mod debug;
-mod depot;
-mod engine;
-mod magazine;
-mod owned;
 mod pool;
-mod recycle;
 mod registry;
 pub mod stats;
 mod sync;
-mod thin;
 
 pub use block_source::{
     BlockAllocator, BlockSource, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
 };
+pub use class::owned::Owned;
+pub use class::recycle::{OwnedRecycled, Recycle, Recycled, RecyclingAllocator};
+pub use class::thin::{StaticClass, Thin};
 pub use class::{AllocError, ClassAllocator, ClassBox, LocalCache};
 pub use config::{CacheMode, Config, BYPASS_ENV, MAX_MAGAZINE_SIZE};
 pub use debug::POISON;
-pub use owned::Owned;
 pub use pool::{CleanupKey, Pool, PoolStats, PoolVec, PoolWriter, SubPool};
-pub use recycle::{OwnedRecycled, Recycle, Recycled, RecyclingAllocator};
 pub use stats::Stats;
-pub use thin::{StaticClass, Thin};
 
 /// Gives every cached object of every allocator in the process back to the system
 /// allocator: each allocator's depot and the calling thread's caches now, and returns
@@ -97,7 +89,7 @@ pub fn trim_all() -> usize {
 /// assert_eq!(proxalloc::thread_cache_budget().1, 8 << 20);
 /// ```
 pub fn set_thread_cache_budget(bytes: usize) {
-    cache::thread_cache_budget().set_limit(bytes);
+    crate::core::table::thread_cache_budget().set_limit(bytes);
 }
 
 /// The process-wide thread-cache budget: `(bytes granted to thread caches now, limit)`.
@@ -108,7 +100,7 @@ pub fn set_thread_cache_budget(bytes: usize) {
 /// assert!(granted <= limit);
 /// ```
 pub fn thread_cache_budget() -> (usize, usize) {
-    let b = cache::thread_cache_budget();
+    let b = crate::core::table::thread_cache_budget();
     (b.used(), b.limit())
 }
 
@@ -116,9 +108,9 @@ pub fn thread_cache_budget() -> (usize, usize) {
 #[cfg(proxalloc_loom)]
 #[doc(hidden)]
 pub mod __loom {
-    pub use crate::backing::Backing;
-    pub use crate::depot::{for_each_in_chain, Depot, MagazineStack};
-    pub use crate::magazine::{Magazine, MagazineTable, NIL};
+    pub use crate::core::backing::Backing;
+    pub use crate::core::depot::{for_each_in_chain, Depot, MagazineStack};
+    pub use crate::core::magazine::{Magazine, MagazineTable, NIL};
 
     use crate::registry::Registered;
     use crate::sync::Arc;
@@ -127,7 +119,7 @@ pub mod __loom {
     /// An allocator as the process-wide registry holds it (`stats::all`, `trim_all`):
     /// for models of administrators racing owners and the allocator's drop. (Under loom
     /// the registry itself lists nothing.)
-    pub struct Admin(Arc<crate::engine::Engine>);
+    pub struct Admin(Arc<crate::core::engine::Engine>);
 
     impl Admin {
         /// The registry's view of `a`.

@@ -25,10 +25,11 @@ mod imp {
 
     static REGISTERED: Mutex<Vec<Weak<dyn Registered>>> = Mutex::new(Vec::new());
 
-    pub(crate) fn register(source: &Arc<dyn Registered>) {
+    pub(crate) fn register<R: Registered + 'static>(source: &Arc<R>) {
+        let weak: Weak<dyn Registered> = Arc::downgrade(source) as Weak<R>;
         let mut list = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
         list.retain(|w| w.strong_count() > 0);
-        list.push(Arc::downgrade(source));
+        list.push(weak);
     }
 
     /// The registered allocators and block sources that still exist, in registration order.
@@ -44,14 +45,14 @@ mod imp {
     use super::Registered;
     use crate::sync::Arc;
 
+    pub(crate) fn register<R: Registered + 'static>(_: &Arc<R>) {}
+
     pub(crate) fn registered() -> Vec<Arc<dyn Registered>> {
         Vec::new()
     }
 }
 
-#[cfg(not(proxalloc_loom))]
-pub(crate) use imp::register;
-pub(crate) use imp::registered;
+pub(crate) use imp::{register, registered};
 
 /// Stats of every live allocator, in registration order.
 pub(crate) fn all_stats() -> Vec<Stats> {

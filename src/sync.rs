@@ -8,8 +8,13 @@
 //! Two things deliberately stay std under loom:
 //! - [`StatCounter`]: statistics counters carry no protocol (nothing is published through
 //!   them), and modelling them would multiply the state space for nothing.
-//! - [`process`]: process-wide registration (dense slot numbers for the thread-cache
-//!   table), touched only outside any modelled protocol.
+//! - [`process`]: process-wide registration (dense table indices for the thread-cache
+//!   table) and an allocator's copies of its engine's numbers (hints: a stale one only
+//!   sends the caller down the slow path), touched only outside any modelled protocol.
+//!
+//! It also keeps the loom difference out of constructors: [`const_fn!`] declares a
+//! constructor once (`const` under std only), and [`LazyArc`] is the lazily created,
+//! once-published engine cell of every allocator.
 
 #[cfg(proxalloc_loom)]
 mod imp {
@@ -68,6 +73,98 @@ mod imp {
 
 pub(crate) use imp::*;
 pub(crate) use std::sync::atomic::Ordering;
+
+/// Declares a `const fn` under std, a plain `fn` under loom (whose primitives have no
+/// `const` constructors), so that each constructor is written once. Under std the
+/// constructors of allocators must be `const`: they initialise `static`s.
+macro_rules! const_fn {
+    ($(#[$attr:meta])* $vis:vis fn $($rest:tt)*) => {
+        #[cfg(not(proxalloc_loom))]
+        $(#[$attr])* $vis const fn $($rest)*
+        #[cfg(proxalloc_loom)]
+        $(#[$attr])* $vis fn $($rest)*
+    };
+}
+pub(crate) use const_fn;
+
+/// An `Arc<T>` created on first use, then kept until the cell is dropped: how a
+/// `static` allocator gets its engine. Publication is one CAS; readers pay one acquire
+/// load (a plain load on x86), and under loom the models check that protocol too.
+pub(crate) struct LazyArc<T> {
+    /// Null, or a pointer from `Arc::into_raw` (provenance over the whole allocation)
+    /// whose strong count the cell holds.
+    ptr: AtomicPtr<T>,
+}
+
+/// A borrow of a [`LazyArc`]'s value as an `Arc`, for code that needs `&Arc<T>`. Under
+/// std it is the cell's own count, never dropped; under loom, which tracks every count,
+/// a counted clone.
+#[cfg(not(proxalloc_loom))]
+pub(crate) type ArcRef<T> = std::mem::ManuallyDrop<Arc<T>>;
+#[cfg(proxalloc_loom)]
+pub(crate) type ArcRef<T> = Arc<T>;
+
+impl<T> LazyArc<T> {
+    const_fn! {
+        /// An empty cell.
+        pub(crate) fn new() -> Self {
+            Self { ptr: AtomicPtr::new(std::ptr::null_mut()) }
+        }
+    }
+
+    /// The value, if it was published.
+    #[inline(always)]
+    pub(crate) fn get(&self) -> Option<&T> {
+        // Acquire pairs with the Release of `publish`: the value's fields are visible.
+        let p = self.ptr.load(Ordering::Acquire);
+        // SAFETY: a published value lives until the cell is dropped (it holds a count).
+        unsafe { p.as_ref() }
+    }
+
+    /// Publishes `fresh` unless a value was published first: returns the published value
+    /// and, when another thread won, `fresh` back to its caller.
+    #[cold]
+    pub(crate) fn publish(&self, fresh: Arc<T>) -> (&T, Option<Arc<T>>) {
+        let raw = Arc::into_raw(fresh).cast_mut();
+        match self.ptr.compare_exchange(
+            std::ptr::null_mut(),
+            raw,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            // SAFETY: just published; lives until the cell is dropped.
+            Ok(_) => (unsafe { &*raw }, None),
+            // SAFETY: `raw` was never published, so this is its only count; `winner` is
+            // published and lives until the cell is dropped.
+            Err(winner) => unsafe { (&*winner, Some(Arc::from_raw(raw))) },
+        }
+    }
+
+    /// The published value as an `Arc`.
+    ///
+    /// # Panics
+    /// If nothing was published (a bug: callers publish first).
+    pub(crate) fn arc(&self) -> ArcRef<T> {
+        let p = self.ptr.load(Ordering::Acquire);
+        assert!(!p.is_null(), "LazyArc::arc before publish");
+        // SAFETY: `p` came from `Arc::into_raw` and the cell's count keeps it alive; under
+        // std the result is never dropped (the cell keeps its count), under loom it is a
+        // clone with its own count.
+        let cell_count = std::mem::ManuallyDrop::new(unsafe { Arc::from_raw(p) });
+        #[cfg(not(proxalloc_loom))]
+        return cell_count;
+        #[cfg(proxalloc_loom)]
+        return Arc::clone(&cell_count);
+    }
+
+    /// Takes the value out (the cell's count with it), leaving the cell empty.
+    pub(crate) fn take(&mut self) -> Option<Arc<T>> {
+        let p = self.ptr.swap(std::ptr::null_mut(), Ordering::Acquire);
+        // SAFETY: `p` came from `Arc::into_raw`, and the cell's count now passes to the
+        // caller.
+        (!p.is_null()).then(|| unsafe { Arc::from_raw(p) })
+    }
+}
 
 /// Locks a facade mutex, ignoring poison: no code in this crate panics while holding one
 /// of its locks (user code never runs under them), so the protected state is consistent.
@@ -241,7 +338,7 @@ pub(crate) mod relaxed {
 
 /// Process-wide std primitives that loom does not model (see the module docs).
 pub(crate) mod process {
-    pub(crate) use std::sync::atomic::AtomicU64;
+    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64};
     pub(crate) use std::sync::Mutex;
 }
 

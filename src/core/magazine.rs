@@ -245,8 +245,8 @@ impl MagazineTable {
 
 impl Drop for MagazineTable {
     fn drop(&mut self) {
-        for (seg, slot) in self.segments.iter().enumerate() {
-            let base = slot.swap(ptr::null_mut(), Ordering::Acquire);
+        for (seg, segment) in self.segments.iter().enumerate() {
+            let base = segment.swap(ptr::null_mut(), Ordering::Acquire);
             if !base.is_null() {
                 let len = 1usize << (seg as u32 + BASE_SHIFT);
                 // SAFETY: `&mut self`: no other reference to the table or its segments.

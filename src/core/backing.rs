@@ -18,8 +18,8 @@ use std::alloc::Layout;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 
-use crate::block_source::BlockAllocator;
 use crate::sync::{self, StatCounter};
+use crate::BlockAllocator;
 
 /// Type-erased construction and destruction of the objects of a recycling allocator.
 #[derive(Clone, Copy, Debug)]

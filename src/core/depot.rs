@@ -12,7 +12,7 @@
 //! pops a second is three hours. (Only loom models narrow the field, to check that a
 //! wrap really loses a magazine; no public knob does.)
 //!
-//! Descriptors are immortal (see [`magazine`](crate::magazine)), so a stale `next`
+//! Descriptors are immortal (see [`magazine`](super::magazine)), so a stale `next`
 //! read hits valid memory, and `next` is atomic, so the read is not a data race.
 //!
 //! # Orderings
@@ -31,9 +31,9 @@ use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
-use crate::backing::Backing;
-use crate::budget::ByteBudget;
-use crate::magazine::{Magazine, MagazineTable, INDEX_BITS, NIL};
+use super::backing::Backing;
+use super::budget::ByteBudget;
+use super::magazine::{Magazine, MagazineTable, INDEX_BITS, NIL};
 use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 
 /// A lock-free stack of magazines, with a generation-tagged head.
@@ -152,7 +152,7 @@ pub fn for_each_in_chain<'t>(
     }
 }
 
-/// Where [`Depot::put_full`] put a magazine.
+/// Where [`Depot::put`] put a magazine.
 #[derive(Debug)]
 #[must_use = "an eviction holds objects that must be released with `Depot::evict`"]
 pub enum Put {
@@ -167,7 +167,7 @@ pub enum Put {
     Evicted(Eviction),
 }
 
-/// A magazine handed back by [`Depot::put_full`]: its first `keep` objects are charged
+/// A magazine handed back by [`Depot::put`]: its first `keep` objects are charged
 /// to the budget and go to the full stack; the rest go back to the backing allocator.
 #[derive(Debug)]
 #[must_use = "an eviction holds objects that must be released with `Depot::evict`"]
@@ -275,7 +275,7 @@ impl Depot {
     /// # Safety
     /// The caller owns `mag`; it must not use it afterwards (except through the
     /// eviction).
-    pub unsafe fn put_full(&self, mag: &Magazine) -> Put {
+    pub unsafe fn put(&self, mag: &Magazine) -> Put {
         // SAFETY: owned by the caller.
         let n = unsafe { mag.len() };
         if n == 0 {
@@ -301,7 +301,7 @@ impl Depot {
     /// objects released.
     ///
     /// # Safety
-    /// `eviction` came from this depot ([`put_full`](Self::put_full) or
+    /// `eviction` came from this depot ([`put`](Self::put) or
     /// [`evict_all`](Self::evict_all)).
     pub unsafe fn evict(&self, eviction: Eviction) -> usize {
         let Eviction { mag, keep } = eviction;
@@ -432,7 +432,7 @@ mod tests {
     /// objects went.
     fn put<'d>(d: &'d Depot, m: &'d Magazine) -> &'static str {
         // SAFETY: owned by the caller, who gives it up.
-        match unsafe { d.put_full(m) } {
+        match unsafe { d.put(m) } {
             Put::Empty => "empty",
             Put::Cached => "cached",
             Put::Evicted(e) => {

@@ -70,11 +70,11 @@ pub unsafe trait StaticClass: Sized + 'static {
     ///
     /// ```
     /// use proxalloc::{static_class, AllocError, Config, StaticClass};
-    /// static_class!(Slots: u32 = "doc-static-class-try-alloc", Config::new().max_live(1));
-    /// let first = Slots::try_alloc(1).expect("under the cap");
-    /// assert_eq!(Slots::try_alloc(2).err(), Some(AllocError));
+    /// static_class!(Seats: u32 = "doc-static-class-try-alloc", Config::new().max_live(1));
+    /// let first = Seats::try_alloc(1).expect("under the cap");
+    /// assert_eq!(Seats::try_alloc(2).err(), Some(AllocError));
     /// drop(first);
-    /// assert!(Slots::try_alloc(3).is_ok());
+    /// assert!(Seats::try_alloc(3).is_ok());
     /// ```
     #[inline(always)]
     #[must_use = "dropping the result frees the object at once"]

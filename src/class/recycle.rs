@@ -7,10 +7,11 @@ use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
-use crate::backing::{ObjectHooks, ValueHooks};
 use crate::class::{AllocError, ClassAllocator};
 use crate::config::Config;
+use crate::core::backing::{ObjectHooks, ValueHooks};
 use crate::stats::Stats;
+use crate::sync::const_fn;
 
 /// A type whose values can be reset for reuse.
 ///
@@ -170,55 +171,43 @@ impl<T: Recycle> RecyclingAllocator<T> {
         memory: None,
     };
 
-    /// An allocator named `name`, with the default [`Config`].
-    ///
-    /// ```
-    /// use proxalloc::{Recycle, RecyclingAllocator};
-    /// struct Buf(Vec<u8>);
-    /// impl Recycle for Buf {
-    ///     fn create() -> Self { Buf(Vec::with_capacity(4096)) }
-    ///     fn recycle(&mut self) -> bool { self.0.clear(); true }
-    /// }
-    /// static BUFS: RecyclingAllocator<Buf> = RecyclingAllocator::new("doc-recycling-new");
-    /// assert!(BUFS.get().0.capacity() >= 4096);
-    /// ```
-    #[cfg(not(proxalloc_loom))]
-    pub const fn new(name: &'static str) -> Self {
-        Self::with_config(name, Config::new())
-    }
-
-    /// An allocator named `name` with `config`.
-    ///
-    /// ```
-    /// use proxalloc::{Config, Recycle, RecyclingAllocator};
-    /// #[derive(Default)]
-    /// struct Headers(Vec<(String, String)>);
-    /// impl Recycle for Headers {
-    ///     fn create() -> Self { Headers::default() }
-    ///     fn recycle(&mut self) -> bool { self.0.clear(); self.0.capacity() <= 64 }
-    /// }
-    /// static HEADERS: RecyclingAllocator<Headers> =
-    ///     RecyclingAllocator::with_config("doc-recycling-config", Config::new().magazine_size(16));
-    /// assert!(HEADERS.get().0.is_empty());
-    /// ```
-    #[cfg(not(proxalloc_loom))]
-    pub const fn with_config(name: &'static str, config: Config) -> Self {
-        RecyclingAllocator {
-            inner: ClassAllocator::with_parts(name, config, Some(Self::HOOKS), None),
+    const_fn! {
+        /// An allocator named `name`, with the default [`Config`].
+        ///
+        /// ```
+        /// use proxalloc::{Recycle, RecyclingAllocator};
+        /// struct Buf(Vec<u8>);
+        /// impl Recycle for Buf {
+        ///     fn create() -> Self { Buf(Vec::with_capacity(4096)) }
+        ///     fn recycle(&mut self) -> bool { self.0.clear(); true }
+        /// }
+        /// static BUFS: RecyclingAllocator<Buf> = RecyclingAllocator::new("doc-recycling-new");
+        /// assert!(BUFS.get().0.capacity() >= 4096);
+        /// ```
+        pub fn new(name: &'static str) -> Self {
+            Self::with_config(name, Config::new())
         }
     }
 
-    /// An allocator named `name`, with the default [`Config`].
-    #[cfg(proxalloc_loom)]
-    pub fn new(name: &'static str) -> Self {
-        Self::with_config(name, Config::new())
-    }
-
-    /// An allocator named `name` with `config`.
-    #[cfg(proxalloc_loom)]
-    pub fn with_config(name: &'static str, config: Config) -> Self {
-        RecyclingAllocator {
-            inner: ClassAllocator::with_parts(name, config, Some(Self::HOOKS), None),
+    const_fn! {
+        /// An allocator named `name` with `config`.
+        ///
+        /// ```
+        /// use proxalloc::{Config, Recycle, RecyclingAllocator};
+        /// #[derive(Default)]
+        /// struct Headers(Vec<(String, String)>);
+        /// impl Recycle for Headers {
+        ///     fn create() -> Self { Headers::default() }
+        ///     fn recycle(&mut self) -> bool { self.0.clear(); self.0.capacity() <= 64 }
+        /// }
+        /// static HEADERS: RecyclingAllocator<Headers> =
+        ///     RecyclingAllocator::with_config("doc-recycling-config", Config::new().magazine_size(16));
+        /// assert!(HEADERS.get().0.is_empty());
+        /// ```
+        pub fn with_config(name: &'static str, config: Config) -> Self {
+            RecyclingAllocator {
+                inner: ClassAllocator::with_parts(name, config, Some(Self::HOOKS), None),
+            }
         }
     }
 
@@ -363,7 +352,7 @@ unsafe impl<T: Recycle + Send> Send for Recycled<'_, T> {}
 // SAFETY: `&Recycled<T>` only gives out `&T`.
 unsafe impl<T: Recycle + Sync> Sync for Recycled<'_, T> {}
 
-/// Drops the value and releases its slot if `recycle` (or the drop) unwinds.
+/// Drops the value and frees its memory if `recycle` (or the drop) unwinds.
 struct DropOnUnwind<'h, 'a, T: Recycle>(&'h Recycled<'a, T>);
 
 impl<T: Recycle> Drop for DropOnUnwind<'_, '_, T> {
@@ -381,12 +370,12 @@ impl<T: Recycle> Recycled<'_, T> {
     unsafe fn discard(&self) {
         let inner = &self.alloc.inner;
         let p = self.ptr.cast::<u8>();
-        /// Releases the slot even if `T::drop` unwinds.
+        /// Frees the memory even if `T::drop` unwinds.
         struct Release<'i, T>(&'i ClassAllocator<T>, NonNull<u8>);
         impl<T> Drop for Release<'_, T> {
             fn drop(&mut self) {
                 self.0.on_free(self.1);
-                // SAFETY: the slot's value is gone and nobody uses it.
+                // SAFETY: the object's value is gone and nobody uses it.
                 unsafe { self.0.engine().release_dead(self.1) };
             }
         }
@@ -405,8 +394,8 @@ impl<T: Recycle> Drop for Recycled<'_, T> {
         let keep = T::recycle(unsafe { ptr.as_mut() });
         std::mem::forget(guard);
         if keep {
-            // SAFETY: the slot holds a live, reset value, as a recycling allocator's
-            // cached slots must; nobody else uses it.
+            // SAFETY: the object holds a live, reset value, as a recycling allocator's
+            // cached objects must; nobody else uses it.
             unsafe { self.alloc.inner.free_raw(self.ptr) };
         } else {
             // SAFETY: called once.
@@ -502,17 +491,17 @@ impl<T: Recycle> RecyclingAllocator<T> {
     /// ```
     /// use std::sync::Arc;
     /// use proxalloc::{Config, Recycle, RecyclingAllocator};
-    /// struct Slot(u8);
-    /// impl Recycle for Slot {
-    ///     fn create() -> Self { Slot(0) }
+    /// struct Ticket(u8);
+    /// impl Recycle for Ticket {
+    ///     fn create() -> Self { Ticket(0) }
     ///     fn recycle(&mut self) -> bool { true }
     /// }
-    /// let slots = Arc::new(RecyclingAllocator::<Slot>::with_config(
+    /// let tickets = Arc::new(RecyclingAllocator::<Ticket>::with_config(
     ///     "doc-try-get-arc", Config::new().max_live(1)));
-    /// let one = slots.try_get_arc().unwrap();
-    /// assert!(slots.try_get_arc().is_err());
+    /// let one = tickets.try_get_arc().unwrap();
+    /// assert!(tickets.try_get_arc().is_err());
     /// drop(one);
-    /// assert!(slots.try_get_arc().is_ok());
+    /// assert!(tickets.try_get_arc().is_ok());
     /// ```
     #[must_use = "dropping the result recycles the value at once"]
     pub fn try_get_arc(self: &std::sync::Arc<Self>) -> Result<OwnedRecycled<T>, AllocError> {

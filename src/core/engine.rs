@@ -1,19 +1,6 @@
 //! The untyped allocator behind each [`ClassAllocator`](crate::ClassAllocator): its depot,
-//! the registry of its thread caches, the magazine exchange rules (the slow paths), the
-//! thread-exit flush and the shutdown that releases everything.
-//!
-//! # Owner and administrator
-//! A thread cache's magazines (its [`Owned`](crate::cache::Owned) part) are touched by
-//! its own thread only: the fast and slow paths, its idle collector and sweeps, its
-//! thread-exit teardown. Every other thread is an administrator: `stats` reads the
-//! caches' counters (atomics) under the registry lock, which also keeps registered
-//! caches allocated; `trim_all` and the allocator's shutdown *ask* the owners, by
-//! setting each cache's flush request and bumping a process-wide epoch that every
-//! thread checks on its slow paths. Shutdown releases the depot; each owner releases
-//! what its cache holds for a dead allocator when it next sweeps or exits. The engine
-//! itself lives until the last cache is retired (each thread's table holds it), so a
-//! late owner still finds valid magazines, and whatever reaches the depot after
-//! shutdown is released when the engine drops.
+//! the list of its thread caches, and the magazine exchange rules (the slow paths). What
+//! other threads and the allocator's lifecycle do to it is in [`admin`](super::admin).
 //!
 //! # No user code in the middle
 //! Releasing objects runs a recycling allocator's destructors, and creating one runs
@@ -27,20 +14,20 @@
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
-use crate::backing::{Backing, ObjectHooks};
-use crate::budget::ByteBudget;
-use crate::cache::{self, slots, Counters, Counts, ThreadCache};
+use super::backing::{Backing, ObjectHooks};
+use super::budget::ByteBudget;
+use super::depot::{Depot, Eviction, Put};
+use super::ids;
+use super::magazine::{self, Magazine, NIL};
+use super::table;
+use super::thread_cache::{Counters, ThreadCache};
 use crate::config::{bypass_from_env, CacheMode, Config};
-use crate::depot::{Depot, Eviction, Put};
-use crate::magazine::{self, Magazine, NIL};
-use crate::registry::Registered;
-use crate::stats::Stats;
 use crate::sync::{self, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
 
 /// Thread caches of one engine.
 #[derive(Debug)]
-struct Registry {
-    caches: Vec<*const ThreadCache>,
+pub(super) struct Registry {
+    pub(super) caches: Vec<*const ThreadCache>,
 }
 
 // SAFETY: the pointers are caches owned by their threads' tables, read (counters only)
@@ -55,7 +42,7 @@ unsafe impl Send for Registry {}
 pub(crate) struct Evictions(Vec<Eviction>);
 
 impl Evictions {
-    fn push(&mut self, eviction: Option<Eviction>) {
+    pub(super) fn push(&mut self, eviction: Option<Eviction>) {
         self.0.extend(eviction);
     }
 }
@@ -63,31 +50,31 @@ impl Evictions {
 /// The untyped engine of one allocator.
 #[derive(Debug)]
 pub(crate) struct Engine {
-    slot: u32,
-    instance: u64,
-    name: &'static str,
-    mode: CacheMode,
-    depot: Depot,
+    pub(super) index: u32,
+    pub(super) instance: u64,
+    pub(super) name: &'static str,
+    pub(super) mode: CacheMode,
+    pub(super) depot: Depot,
     /// False once the allocator is dropped. Written under the registry lock; read there
     /// or, as a hint, anywhere (a stale `true` only sends a magazine to the depot, which
     /// releases it when the engine drops).
-    alive: AtomicBool,
-    registry: Mutex<Registry>,
+    pub(super) alive: AtomicBool,
+    pub(super) registry: Mutex<Registry>,
     /// Counters of retired caches, and of operations that went straight to the backing
     /// allocator (counted here so a slow path never touches its cache after user code).
-    retired: Counters,
+    pub(super) retired: Counters,
     /// Bytes of one full magazine (at least 1, so zero-sized objects still count
     /// magazines).
-    magazine_bytes: usize,
+    pub(super) magazine_bytes: usize,
     /// Most bytes one thread's stash may be granted.
-    max_grant: usize,
+    pub(super) max_grant: usize,
     /// Permits to have objects live not held by any thread (`Config::max_live`; unused
     /// when uncapped).
-    available: AtomicUsize,
+    pub(super) available: AtomicUsize,
     /// Permits a thread draws at once, and gives back past twice as many.
-    credit_batch: u32,
+    pub(super) credit_batch: u32,
     /// Whether `Config::max_live` caps the allocator.
-    capped: bool,
+    pub(super) capped: bool,
 }
 
 impl Engine {
@@ -106,9 +93,9 @@ impl Engine {
         };
         let capacity = config.magazine_capacity(layout.size());
         let budget = budget.unwrap_or_else(|| Arc::new(ByteBudget::new(config.depot_bytes)));
-        let (slot, instance) = slots::claim();
+        let (index, instance) = ids::claim();
         Engine {
-            slot,
+            index,
             instance,
             name,
             mode,
@@ -133,8 +120,8 @@ impl Engine {
         }
     }
 
-    pub(crate) fn slot(&self) -> u32 {
-        self.slot
+    pub(crate) fn index(&self) -> u32 {
+        self.index
     }
 
     pub(crate) fn instance(&self) -> u64 {
@@ -150,7 +137,7 @@ impl Engine {
         self.alive.load(Ordering::Acquire)
     }
 
-    fn backing(&self) -> &Backing {
+    pub(super) fn backing(&self) -> &Backing {
         self.depot.backing()
     }
 
@@ -162,7 +149,7 @@ impl Engine {
     ///
     /// # Safety
     /// `mag` is a descriptor of this engine's table (descriptors live as long as it).
-    unsafe fn mag(&self, mag: NonNull<Magazine>) -> &Magazine {
+    pub(super) unsafe fn mag(&self, mag: NonNull<Magazine>) -> &Magazine {
         // SAFETY: forwarded from the caller.
         unsafe { mag.as_ref() }
     }
@@ -187,7 +174,7 @@ impl Engine {
             CacheMode::DepotOnly => self.take_one(c).inspect(|_| c.counters.allocs.bump(1)),
             CacheMode::Bypass => None,
         };
-        cache::after_slow_path();
+        table::after_slow_path();
         got.or_else(|| self.alloc_backing())
     }
 
@@ -213,7 +200,7 @@ impl Engine {
         match done {
             Some(evictions) => {
                 self.release(evictions);
-                cache::after_slow_path();
+                table::after_slow_path();
             }
             // SAFETY: forwarded from the caller.
             None => unsafe { self.free_backing(p) },
@@ -323,17 +310,17 @@ impl Engine {
         let room = self.max_grant.saturating_sub(c.grant()) / self.magazine_bytes;
         let want = spills.min(room);
         if want > 0 {
-            let got = cache::thread_cache_budget().reserve_up_to(want, self.magazine_bytes);
+            let got = table::thread_cache_budget().reserve_up_to(want, self.magazine_bytes);
             c.add_grant(got * self.magazine_bytes);
         }
     }
 
     /// Gives the stash's grant back to the process-wide budget.
-    fn return_grant(bytes: usize) {
+    pub(super) fn return_grant(bytes: usize) {
         // Most caches never grow: leave the shared line alone for them (and, under loom,
         // the budget is not reachable from the thread-local destructors at a model's end).
         if bytes > 0 {
-            cache::thread_cache_budget().release(bytes);
+            table::thread_cache_budget().release(bytes);
         }
     }
 
@@ -426,7 +413,7 @@ impl Engine {
     /// The owner hands what its cache grew back: the stash's magazines to the depot, the
     /// kept empties to the empty stack, the grant to the process-wide budget. False when
     /// there was nothing to give.
-    fn give_back_stash(&self, c: &ThreadCache, evictions: &mut Evictions) -> bool {
+    pub(super) fn give_back_stash(&self, c: &ThreadCache, evictions: &mut Evictions) -> bool {
         // SAFETY: the owner's own cache.
         let stash = unsafe { ThreadCache::stash_take(c) };
         // SAFETY: as above.
@@ -442,7 +429,7 @@ impl Engine {
 
     /// Runs `f` on each magazine of a stash chain (the caller owns it), after reading its
     /// link, so `f` may push it elsewhere.
-    fn for_each_in_stash<'t>(&'t self, top: u32, f: impl FnMut(&'t Magazine)) {
+    pub(super) fn for_each_in_stash<'t>(&'t self, top: u32, f: impl FnMut(&'t Magazine)) {
         if top != NIL {
             // SAFETY: stash chains link descriptors of this engine's table.
             let first = unsafe { self.depot.magazine(top) };
@@ -459,13 +446,13 @@ impl Engine {
     /// Hands `mag` (owned by `c`) to the depot and counts where it went; what the budget
     /// does not take comes back to be released. Once the allocator is gone everything
     /// comes back.
-    fn put(&self, c: &ThreadCache, mag: &Magazine) -> Option<Eviction> {
+    pub(super) fn put(&self, c: &ThreadCache, mag: &Magazine) -> Option<Eviction> {
         if !self.is_alive() {
             // SAFETY: owned by the cache, now handed over.
             return Some(unsafe { self.depot.evict_all(mag) });
         }
         // SAFETY: owned by the cache, now handed over.
-        match unsafe { self.depot.put_full(mag) } {
+        match unsafe { self.depot.put(mag) } {
             Put::Empty => None,
             Put::Cached => {
                 c.counters.spills.bump(1);
@@ -491,11 +478,6 @@ impl Engine {
             // SAFETY: evictions of this engine's depot.
             .map(|e| unsafe { self.depot.evict(e) })
             .sum()
-    }
-
-    /// Adds a newly created cache of this thread to the registry.
-    pub(crate) fn adopt(&self, cache: *const ThreadCache) {
-        sync::lock(&self.registry).caches.push(cache);
     }
 
     /// A permit to hand out one object of a capped allocator, for this thread (`c`, its
@@ -549,13 +531,6 @@ impl Engine {
         }
     }
 
-    /// Creates and registers a cache for this thread (if thread-local storage is still
-    /// there); callers look it up afterwards.
-    #[cold]
-    pub(crate) fn register(engine: &Arc<Engine>) {
-        cache::install(engine);
-    }
-
     /// Takes back an object whose value is already gone (a recycling allocator's object
     /// that refused to be recycled): straight to the backing allocator, counted as a free.
     ///
@@ -570,200 +545,5 @@ impl Engine {
             // The object was live: its permit goes back, as a recycled one's does.
             self.return_credit(None);
         }
-    }
-
-    /// Thread exit, `release_thread_cache`, or a sweep that found the allocator gone:
-    /// takes this thread's `c` out of the registry (its counters go to the engine's)
-    /// and hands its magazines over. No user code runs.
-    ///
-    /// # Safety
-    /// `c` was registered with this engine by the calling thread, which will not use it
-    /// again for this engine, with no reference from its owner part live.
-    pub(crate) unsafe fn retire_cache(&self, c: &ThreadCache) -> Evictions {
-        // SAFETY: forwarded.
-        let evictions = unsafe { self.flush(c) };
-        let mut reg = sync::lock(&self.registry);
-        // A dead engine's registry is already empty, and its stats are never read again.
-        if let Some(pos) = reg.caches.iter().position(|&x| std::ptr::eq(x, c)) {
-            reg.caches.swap_remove(pos);
-            self.retired.add_shared(&c.counters);
-        }
-        // SAFETY: this thread's own cache.
-        let credits = unsafe { ThreadCache::seize_credits(c) };
-        self.available
-            .fetch_add(credits as usize, Ordering::Relaxed);
-        evictions
-    }
-
-    /// The idle collector found `c` (this thread's cache) unused for a whole period: give
-    /// one magazine back to the depot, the previous one first.
-    ///
-    /// # Safety
-    /// As for [`alloc_slow`](Self::alloc_slow).
-    pub(crate) unsafe fn release_idle_magazine(&self, c: &ThreadCache) -> Evictions {
-        // SAFETY: forwarded; nothing below runs user code.
-        let o = unsafe { c.owned() };
-        let mut evictions = Evictions::default();
-        // The stash and its grant go first, all at once: a thread idle for a period has
-        // no use for what it grew to.
-        if !self.give_back_stash(c, &mut evictions) {
-            if let Some(mag) = o.take_previous().or_else(|| o.unload()) {
-                // SAFETY: a descriptor of this engine's table.
-                evictions.push(self.put(c, unsafe { self.mag(mag) }));
-            }
-        }
-        evictions
-    }
-
-    /// Hands this thread's magazines to the depot and forgets this thread's cache
-    /// (only flushes it while a `with_local` call holds it). Returns the number of
-    /// objects released to the backing allocator (what the depot did not take).
-    pub(crate) fn release_thread_cache(&self) -> usize {
-        if let cache::Lookup::Cache(c) = cache::lookup(self.slot, self.instance) {
-            // SAFETY: this thread's own cache; no reference into it is live here.
-            let c = unsafe { &*c };
-            // SAFETY: as above.
-            if c.pinned() {
-                // SAFETY: as above.
-                let evictions = unsafe { self.flush(c) };
-                return self.release(evictions);
-            }
-        }
-        cache::uninstall(self)
-    }
-
-    /// Flushes this thread's cache to the depot, then gives everything the depot caches
-    /// back to the backing allocator. Returns the number of objects released.
-    pub(crate) fn trim(&self) -> usize {
-        let mut released = 0;
-        if let cache::Lookup::Cache(c) = cache::lookup(self.slot, self.instance) {
-            // SAFETY: this thread's own cache; no reference into it is live here.
-            let evictions = unsafe { self.flush(&*c) };
-            released += self.release(evictions);
-        }
-        released += self.depot.trim();
-        crate::backing::release_to_os(released * self.backing().object_size());
-        released
-    }
-
-    /// The allocator is being dropped: this thread's cache and the depot are released
-    /// now; every other thread is asked to release its cache at its next slow path or
-    /// exit (the engine stays alive, held by those threads' tables, until they have).
-    ///
-    /// # Safety
-    /// No thread can allocate or free through the allocator any more (its owner is being
-    /// dropped).
-    pub(crate) unsafe fn shutdown(&self) {
-        cache::uninstall(self);
-        let mut stashes = Vec::new();
-        {
-            let mut reg = sync::lock(&self.registry);
-            self.alive.store(false, Ordering::Release);
-            for c in reg.caches.drain(..) {
-                // SAFETY: registered caches stay allocated while the lock is held.
-                unsafe {
-                    ThreadCache::request_flush(c);
-                    stashes.push(self.seize_stash(c));
-                }
-            }
-        }
-        cache::announce_flush_requests();
-        let released = self.release_stashes(stashes) + self.depot.trim();
-        crate::backing::release_to_os(released * self.backing().object_size());
-        slots::release(self.slot);
-    }
-
-    /// An administrator takes the stash of a registered cache, and its grant (which it
-    /// gives back to the process-wide budget). Returns the chain, now the caller's.
-    ///
-    /// # Safety
-    /// `c` is registered with this engine and the registry lock is held.
-    unsafe fn seize_stash(&self, c: *const ThreadCache) -> u32 {
-        // SAFETY: forwarded; only atomic fields are touched.
-        unsafe {
-            Self::return_grant(ThreadCache::take_grant(c));
-            ThreadCache::stash_take(c)
-        }
-    }
-
-    /// Releases seized stash chains straight to the backing allocator (running
-    /// destructors, for a recycling allocator: call with no lock held). Returns the
-    /// number of objects released.
-    fn release_stashes(&self, chains: Vec<u32>) -> usize {
-        let mut evictions = Evictions::default();
-        for top in chains {
-            self.for_each_in_stash(top, |mag| {
-                // SAFETY: each seized chain is the caller's, to give up.
-                evictions.push(Some(unsafe { self.depot.evict_all(mag) }))
-            });
-        }
-        self.release(evictions)
-    }
-
-    /// A snapshot of the counters.
-    pub(crate) fn stats(&self) -> Stats {
-        let object_size = self.backing().object_size();
-        let mut n = Counts::default();
-        let threads;
-        {
-            let reg = sync::lock(&self.registry);
-            self.retired.read_into(&mut n);
-            threads = reg.caches.len();
-            for &c in &reg.caches {
-                // SAFETY: registered caches stay allocated while the lock is held; only
-                // their atomic counters are read, through a reference to that field
-                // alone (the owner may be using its magazines meanwhile).
-                unsafe { ThreadCache::counters(c) }.read_into(&mut n);
-            }
-        }
-        let backing_allocs = self.backing().allocs();
-        let backing_frees = self.backing().frees();
-        let live = n.allocs.saturating_sub(n.frees);
-        let cached_in_depot = self.depot.cached_objects() as u64;
-        let reserved = backing_allocs.saturating_sub(backing_frees);
-        Stats {
-            name: self.name,
-            id: self.instance,
-            object_size,
-            allocs: n.allocs,
-            frees: n.frees,
-            live,
-            cached_in_threads: reserved.saturating_sub(live + cached_in_depot),
-            cached_in_depot,
-            backing_allocs,
-            backing_frees,
-            refills: n.refills,
-            spills: n.spills,
-            overflows: n.overflows,
-            threads,
-        }
-    }
-}
-
-impl Registered for Engine {
-    fn stats(&self) -> Option<Stats> {
-        self.is_alive().then(|| Engine::stats(self))
-    }
-
-    /// `trim_all`: asks every thread to flush its cache at its next slow path, and
-    /// releases this thread's cache and the depot now.
-    fn trim(&self) -> usize {
-        let mut stashes = Vec::new();
-        {
-            let reg = sync::lock(&self.registry);
-            if !self.is_alive() {
-                return 0;
-            }
-            for &c in &reg.caches {
-                // SAFETY: registered caches stay allocated while the lock is held.
-                unsafe {
-                    ThreadCache::request_flush(c);
-                    stashes.push(self.seize_stash(c));
-                }
-            }
-        }
-        cache::announce_flush_requests();
-        let released = self.release_stashes(stashes) + Engine::trim(self);
-        released * self.backing().object_size()
     }
 }

@@ -1,0 +1,157 @@
+//! [`LocalCache`]: this thread's cache of one allocator, in hand, for event loops that
+//! allocate and free many objects in one turn.
+
+use std::alloc::Layout;
+use std::fmt;
+use std::marker::PhantomData;
+
+use super::raw::FreeOnUnwind;
+use super::{ClassAllocator, ClassBox};
+use crate::core::engine::Engine;
+use crate::core::thread_cache::ThreadCache;
+
+/// This thread's cache of one allocator, in hand: see [`ClassAllocator::with_local`].
+/// Allocations and frees through it skip the thread-local lookup.
+///
+/// ```
+/// use proxalloc::{ClassAllocator, LocalCache};
+/// static PACKETS: ClassAllocator<[u8; 64]> = ClassAllocator::new("doc-local-cache");
+/// fn echo(cache: &LocalCache<'static, [u8; 64]>, byte: u8) -> u8 {
+///     let p = cache.alloc([byte; 64]);
+///     let first = p[0];
+///     cache.free(p);
+///     first
+/// }
+/// assert_eq!(PACKETS.with_local(|cache| echo(cache, 9)), 9);
+/// assert_eq!(PACKETS.stats().live, 0);
+/// ```
+pub struct LocalCache<'a, T> {
+    pub(super) alloc: &'a ClassAllocator<T>,
+    /// This thread's cache, pinned for the whole `with_local` call; `None` once
+    /// thread-local storage is gone (then everything goes to the backing allocator).
+    pub(super) cache: Option<*const ThreadCache>,
+    pub(super) _not_send: PhantomData<*mut ()>,
+}
+
+impl<'a, T> LocalCache<'a, T> {
+    #[inline]
+    fn engine(&self) -> &'a Engine {
+        self.alloc.engine()
+    }
+
+    /// Allocates an object holding `value` (see [`ClassAllocator::alloc`]).
+    ///
+    /// ```
+    /// use proxalloc::ClassAllocator;
+    /// static EVENTS: ClassAllocator<(u32, u32)> = ClassAllocator::new("doc-local-alloc");
+    /// let sum = EVENTS.with_local(|cache| {
+    ///     let e = cache.alloc((2, 3));
+    ///     e.0 + e.1 // `e` drops here, through the thread-local lookup
+    /// });
+    /// assert_eq!(sum, 5);
+    /// ```
+    #[inline]
+    #[must_use = "dropping the handle frees the object at once"]
+    pub fn alloc(&self, value: T) -> ClassBox<'a, T> {
+        self.alloc_with(|| value)
+    }
+
+    /// Allocates an object constructed by `init` (see [`ClassAllocator::alloc_with`]).
+    ///
+    /// ```
+    /// use proxalloc::ClassAllocator;
+    /// static ROWS: ClassAllocator<[u16; 32]> = ClassAllocator::new("doc-local-alloc-with");
+    /// let last = ROWS.with_local(|cache| {
+    ///     let row = cache.alloc_with(|| std::array::from_fn(|i| i as u16));
+    ///     let last = row[31];
+    ///     cache.free(row);
+    ///     last
+    /// });
+    /// assert_eq!(last, 31);
+    /// ```
+    #[inline]
+    #[must_use = "dropping the handle frees the object at once"]
+    pub fn alloc_with(&self, init: impl FnOnce() -> T) -> ClassBox<'a, T> {
+        if self.alloc.capped() {
+            return self.alloc.alloc_with(init);
+        }
+        let object = match self.cache {
+            // SAFETY: this thread's pinned cache, alive for the whole `with_local` call;
+            // nothing borrows its owner part between calls into the allocator.
+            Some(c) => unsafe { self.engine().alloc_from(&*c) },
+            None => self.engine().alloc_backing(),
+        };
+        let object = object.unwrap_or_else(|| std::alloc::handle_alloc_error(Layout::new::<T>()));
+        self.alloc.on_alloc(object);
+        let object = object.cast::<T>();
+        let guard = FreeOnUnwind {
+            alloc: self.alloc,
+            object,
+        };
+        // SAFETY: valid uninitialised memory for one `T`.
+        unsafe { object.as_ptr().write(init()) };
+        std::mem::forget(guard);
+        // SAFETY: fresh memory of this allocator, now initialised, owned by nobody else.
+        unsafe { ClassBox::from_raw(self.alloc, object) }
+    }
+
+    /// Drops an object and recycles its memory into this cache.
+    ///
+    /// # Panics
+    /// If `object` came from a different allocator.
+    ///
+    /// ```
+    /// use proxalloc::ClassAllocator;
+    /// static BUFS: ClassAllocator<Vec<u8>> = ClassAllocator::new("doc-local-free");
+    /// BUFS.with_local(|cache| {
+    ///     let b = cache.alloc(vec![0; 16]);
+    ///     cache.free(b); // drops the `Vec`, recycles the memory into this cache
+    /// });
+    /// let s = BUFS.stats();
+    /// assert_eq!((s.live, s.cached_in_threads), (0, 1));
+    /// ```
+    ///
+    /// ```should_panic
+    /// use proxalloc::ClassAllocator;
+    /// static A: ClassAllocator<u8> = ClassAllocator::new("doc-local-free-a");
+    /// static B: ClassAllocator<u8> = ClassAllocator::new("doc-local-free-b");
+    /// let b = B.alloc(1);
+    /// A.with_local(|cache| cache.free(b)); // panics: `b` belongs to `B`
+    /// ```
+    #[inline]
+    pub fn free(&self, object: ClassBox<'_, T>) {
+        assert!(
+            std::ptr::eq(object.alloc, self.alloc),
+            "proxalloc: object freed into a different allocator ({:?}) than its own ({:?})",
+            self.alloc.name,
+            object.alloc.name,
+        );
+        if self.alloc.capped() {
+            return drop(object);
+        }
+        let ptr = ClassBox::into_raw(object);
+        let guard = FreeOnUnwind {
+            alloc: self.alloc,
+            object: ptr,
+        };
+        // SAFETY: the handle owned an initialised value; dropped exactly once here.
+        unsafe { ptr.as_ptr().drop_in_place() };
+        std::mem::forget(guard);
+        let p = ptr.cast::<u8>();
+        self.alloc.on_free(p);
+        match self.cache {
+            // SAFETY: see `alloc_with`; the memory is ours and no longer used.
+            Some(c) => unsafe { self.engine().free_into(&*c, p) },
+            // SAFETY: as above.
+            None => unsafe { self.engine().free_backing(p) },
+        }
+    }
+}
+
+impl<T> fmt::Debug for LocalCache<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalCache")
+            .field("allocator", &self.alloc.name)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,233 @@
+//! What other threads, and an allocator's lifecycle, do to an engine: registering a
+//! thread's cache, retiring it, `release_thread_cache`, `trim`, `stats`, `trim_all` and
+//! the shutdown when the allocator is dropped.
+//!
+//! # Owner and administrator
+//! A thread cache's magazines (its [`OwnerPart`](super::thread_cache::OwnerPart) part) are touched by
+//! its own thread only: the fast and slow paths, its idle collector and sweeps, its
+//! thread-exit teardown. Every other thread is an administrator: `stats` reads the
+//! caches' counters (atomics) under the registry lock, which also keeps registered
+//! caches allocated; `trim_all` and the allocator's shutdown *ask* the owners, by
+//! setting each cache's flush request and bumping a process-wide epoch that every
+//! thread checks on its slow paths. Shutdown releases the depot; each owner releases
+//! what its cache holds for a dead allocator when it next sweeps or exits. The engine
+//! itself lives until the last cache is retired (each thread's table holds it), so a
+//! late owner still finds valid magazines, and whatever reaches the depot after
+//! shutdown is released when the engine drops.
+
+use super::engine::{Engine, Evictions};
+use super::ids;
+use super::table;
+use super::thread_cache::{Counts, ThreadCache};
+use crate::registry::Registered;
+use crate::stats::Stats;
+use crate::sync::{self, Arc, Ordering};
+
+impl Engine {
+    /// Adds a newly created cache of this thread to the registry.
+    pub(crate) fn adopt(&self, cache: *const ThreadCache) {
+        sync::lock(&self.registry).caches.push(cache);
+    }
+
+    /// Creates and registers a cache for this thread (if thread-local storage is still
+    /// there); callers look it up afterwards.
+    #[cold]
+    pub(crate) fn register(engine: &Arc<Engine>) {
+        table::install(engine);
+    }
+
+    /// Thread exit, `release_thread_cache`, or a sweep that found the allocator gone:
+    /// takes this thread's `c` out of the registry (its counters go to the engine's)
+    /// and hands its magazines over. No user code runs.
+    ///
+    /// # Safety
+    /// `c` was registered with this engine by the calling thread, which will not use it
+    /// again for this engine, with no reference from its owner part live.
+    pub(crate) unsafe fn retire_cache(&self, c: &ThreadCache) -> Evictions {
+        // SAFETY: forwarded.
+        let evictions = unsafe { self.flush(c) };
+        let mut reg = sync::lock(&self.registry);
+        // A dead engine's registry is already empty, and its stats are never read again.
+        if let Some(pos) = reg.caches.iter().position(|&x| std::ptr::eq(x, c)) {
+            reg.caches.swap_remove(pos);
+            self.retired.add_shared(&c.counters);
+        }
+        // SAFETY: this thread's own cache.
+        let credits = unsafe { ThreadCache::seize_credits(c) };
+        self.available
+            .fetch_add(credits as usize, Ordering::Relaxed);
+        evictions
+    }
+
+    /// The idle collector found `c` (this thread's cache) unused for a whole period: give
+    /// one magazine back to the depot, the previous one first.
+    ///
+    /// # Safety
+    /// As for [`alloc_slow`](Self::alloc_slow).
+    pub(crate) unsafe fn release_idle_magazine(&self, c: &ThreadCache) -> Evictions {
+        // SAFETY: forwarded; nothing below runs user code.
+        let o = unsafe { c.owned() };
+        let mut evictions = Evictions::default();
+        // The stash and its grant go first, all at once: a thread idle for a period has
+        // no use for what it grew to.
+        if !self.give_back_stash(c, &mut evictions) {
+            if let Some(mag) = o.take_previous().or_else(|| o.unload()) {
+                // SAFETY: a descriptor of this engine's table.
+                evictions.push(self.put(c, unsafe { self.mag(mag) }));
+            }
+        }
+        evictions
+    }
+
+    /// Hands this thread's magazines to the depot and forgets this thread's cache
+    /// (only flushes it while a `with_local` call holds it). Returns the number of
+    /// objects released to the backing allocator (what the depot did not take).
+    pub(crate) fn release_thread_cache(&self) -> usize {
+        if let table::Lookup::Cache(c) = table::lookup(self.index, self.instance) {
+            // SAFETY: this thread's own cache; no reference into it is live here.
+            let c = unsafe { &*c };
+            // SAFETY: as above.
+            if c.pinned() {
+                // SAFETY: as above.
+                let evictions = unsafe { self.flush(c) };
+                return self.release(evictions);
+            }
+        }
+        table::uninstall(self)
+    }
+
+    /// Flushes this thread's cache to the depot, then gives everything the depot caches
+    /// back to the backing allocator. Returns the number of objects released.
+    pub(crate) fn trim(&self) -> usize {
+        let mut released = 0;
+        if let table::Lookup::Cache(c) = table::lookup(self.index, self.instance) {
+            // SAFETY: this thread's own cache; no reference into it is live here.
+            let evictions = unsafe { self.flush(&*c) };
+            released += self.release(evictions);
+        }
+        released += self.depot.trim();
+        super::backing::release_to_os(released * self.backing().object_size());
+        released
+    }
+
+    /// The allocator is being dropped: this thread's cache and the depot are released
+    /// now; every other thread is asked to release its cache at its next slow path or
+    /// exit (the engine stays alive, held by those threads' tables, until they have).
+    ///
+    /// # Safety
+    /// No thread can allocate or free through the allocator any more (its owner is being
+    /// dropped).
+    pub(crate) unsafe fn shutdown(&self) {
+        table::uninstall(self);
+        let mut stashes = Vec::new();
+        {
+            let mut reg = sync::lock(&self.registry);
+            self.alive.store(false, Ordering::Release);
+            for c in reg.caches.drain(..) {
+                // SAFETY: registered caches stay allocated while the lock is held.
+                unsafe {
+                    ThreadCache::request_flush(c);
+                    stashes.push(self.seize_stash(c));
+                }
+            }
+        }
+        table::announce_flush_requests();
+        let released = self.release_stashes(stashes) + self.depot.trim();
+        super::backing::release_to_os(released * self.backing().object_size());
+        ids::release(self.index);
+    }
+
+    /// An administrator takes the stash of a registered cache, and its grant (which it
+    /// gives back to the process-wide budget). Returns the chain, now the caller's.
+    ///
+    /// # Safety
+    /// `c` is registered with this engine and the registry lock is held.
+    unsafe fn seize_stash(&self, c: *const ThreadCache) -> u32 {
+        // SAFETY: forwarded; only atomic fields are touched.
+        unsafe {
+            Self::return_grant(ThreadCache::take_grant(c));
+            ThreadCache::stash_take(c)
+        }
+    }
+
+    /// Releases seized stash chains straight to the backing allocator (running
+    /// destructors, for a recycling allocator: call with no lock held). Returns the
+    /// number of objects released.
+    fn release_stashes(&self, chains: Vec<u32>) -> usize {
+        let mut evictions = Evictions::default();
+        for top in chains {
+            self.for_each_in_stash(top, |mag| {
+                // SAFETY: each seized chain is the caller's, to give up.
+                evictions.push(Some(unsafe { self.depot.evict_all(mag) }))
+            });
+        }
+        self.release(evictions)
+    }
+
+    /// A snapshot of the counters.
+    pub(crate) fn stats(&self) -> Stats {
+        let object_size = self.backing().object_size();
+        let mut n = Counts::default();
+        let threads;
+        {
+            let reg = sync::lock(&self.registry);
+            self.retired.read_into(&mut n);
+            threads = reg.caches.len();
+            for &c in &reg.caches {
+                // SAFETY: registered caches stay allocated while the lock is held; only
+                // their atomic counters are read, through a reference to that field
+                // alone (the owner may be using its magazines meanwhile).
+                unsafe { ThreadCache::counters(c) }.read_into(&mut n);
+            }
+        }
+        let backing_allocs = self.backing().allocs();
+        let backing_frees = self.backing().frees();
+        let live = n.allocs.saturating_sub(n.frees);
+        let cached_in_depot = self.depot.cached_objects() as u64;
+        let reserved = backing_allocs.saturating_sub(backing_frees);
+        Stats {
+            name: self.name,
+            id: self.instance,
+            object_size,
+            allocs: n.allocs,
+            frees: n.frees,
+            live,
+            cached_in_threads: reserved.saturating_sub(live + cached_in_depot),
+            cached_in_depot,
+            backing_allocs,
+            backing_frees,
+            refills: n.refills,
+            spills: n.spills,
+            overflows: n.overflows,
+            threads,
+        }
+    }
+}
+
+impl Registered for Engine {
+    fn stats(&self) -> Option<Stats> {
+        self.is_alive().then(|| Engine::stats(self))
+    }
+
+    /// `trim_all`: asks every thread to flush its cache at its next slow path, and
+    /// releases this thread's cache and the depot now.
+    fn trim(&self) -> usize {
+        let mut stashes = Vec::new();
+        {
+            let reg = sync::lock(&self.registry);
+            if !self.is_alive() {
+                return 0;
+            }
+            for &c in &reg.caches {
+                // SAFETY: registered caches stay allocated while the lock is held.
+                unsafe {
+                    ThreadCache::request_flush(c);
+                    stashes.push(self.seize_stash(c));
+                }
+            }
+        }
+        table::announce_flush_requests();
+        let released = self.release_stashes(stashes) + Engine::trim(self);
+        released * self.backing().object_size()
+    }
+}

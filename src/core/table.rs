@@ -1,0 +1,503 @@
+//! The thread-local table that finds a thread's cache for an allocator, and what runs
+//! around it on the owner thread: registration, the idle collector and flush sweeps,
+//! deferred release of what a sweep frees ([`Garbage`]), and the thread-exit teardown.
+
+use std::cell::{Cell, UnsafeCell};
+use std::ptr;
+
+use super::budget::ByteBudget;
+use super::engine::{Engine, Evictions};
+use super::thread_cache::ThreadCache;
+use crate::sync::{self, Arc, Ordering};
+
+/// Instance number of an unused table entry (engines are numbered from 1).
+pub(crate) const EMPTY: u64 = 0;
+
+/// Allocators whose index is below this keep this thread's cache inline in the
+/// thread-local block (`INLINE_CACHES * size_of::<ThreadCache>()` bytes per thread), so the
+/// fast paths reach it with no pointer chase; higher indices use boxed caches found
+/// through a vector (a cold path).
+const INLINE_CACHES: usize = 16;
+
+/// Slow-path entries on a thread between two runs of its idle collector. Each slow path
+/// stands for at least a magazine's worth of operations on one cache (see the exchange
+/// rules), so this is a count of operations, not of time.
+pub(crate) const GC_PERIOD: u32 = 256;
+
+/// Bumped whenever another thread posts flush requests (`trim_all`) or an allocator
+/// shuts down: each thread compares it with the value it last saw on its slow paths,
+/// and sweeps its caches when it moved. One acquire load (a plain load on x86) per slow
+/// path; the per-cache requests and the engines' `alive` flags are what the sweep acts
+/// on.
+#[cfg(not(proxalloc_loom))]
+static FLUSH_EPOCH: sync::process::AtomicU64 = sync::process::AtomicU64::new(0);
+
+// Under loom, one per model execution (a process-wide value would make thread sweeps
+// depend on earlier executions, which loom rejects as non-determinism), and modelled.
+#[cfg(proxalloc_loom)]
+loom::lazy_static! {
+    static ref FLUSH_EPOCH: sync::AtomicU64 = sync::AtomicU64::new(0);
+}
+
+/// Default of the process-wide thread-cache budget: 32 MiB.
+pub(crate) const DEFAULT_THREAD_CACHE_BUDGET: usize = 32 << 20;
+
+/// Bytes that thread caches may grow by, all threads and allocators together (each
+/// cache holds a grant from it for its stash).
+#[cfg(not(proxalloc_loom))]
+static THREAD_CACHE_BUDGET: ByteBudget = ByteBudget::new(DEFAULT_THREAD_CACHE_BUDGET);
+
+// Under loom, one per model execution (see `FLUSH_EPOCH`).
+#[cfg(proxalloc_loom)]
+loom::lazy_static! {
+    static ref THREAD_CACHE_BUDGET: ByteBudget = ByteBudget::new(DEFAULT_THREAD_CACHE_BUDGET);
+}
+
+/// The process-wide thread-cache budget.
+pub(crate) fn thread_cache_budget() -> &'static ByteBudget {
+    &THREAD_CACHE_BUDGET
+}
+
+/// Tells every thread to sweep its caches at its next slow path.
+pub(crate) fn announce_flush_requests() {
+    FLUSH_EPOCH.fetch_add(1, Ordering::Release);
+}
+
+/// Work left over from a table operation, done once the table and every cache are
+/// consistent and nothing is borrowed: releasing evicted objects (which runs a
+/// recycling allocator's destructors, user code that may re-enter any allocator), and
+/// dropping engines (the last reference frees a dead allocator's depot).
+#[derive(Default)]
+pub(crate) struct Garbage {
+    items: Vec<(Arc<Engine>, Evictions)>,
+}
+
+impl Garbage {
+    fn push(&mut self, engine: Arc<Engine>, evictions: Evictions) {
+        self.items.push((engine, evictions));
+    }
+
+    /// Releases everything; returns the number of objects released.
+    pub(crate) fn release(self) -> usize {
+        let mut released = 0;
+        for (engine, evictions) in self.items {
+            released += engine.release(evictions);
+            drop(engine);
+        }
+        released
+    }
+}
+
+/// A thread's caches, indexed by the dense table index of each allocator it has used.
+///
+/// The table owns its caches: it retires them at thread exit, on
+/// `release_thread_cache`, when their allocator is gone, and when an index passes to a new
+/// allocator. A stale entry is still a valid cache whose instance number matches nobody,
+/// and [`lookup`] may read it.
+///
+/// Off loom the table itself needs no destructor, so std gives the thread-local a
+/// `const` initialiser and no lazy-initialisation or liveness check: the fast paths
+/// address it directly. The thread-exit work is done by a separate thread-local,
+/// [`ExitHook`], armed when the thread registers its first cache.
+///
+/// Methods that borrow `rest` or a cache's owner part run no user code: what needs it
+/// comes back as [`Garbage`], released after the borrow ends.
+struct Table {
+    fast: UnsafeCell<[ThreadCache; INLINE_CACHES]>,
+    /// Everything else, boxed on first registration and freed at thread exit.
+    rest: Cell<*mut Rest>,
+    /// Set when the thread-exit teardown has run: no new cache may be registered.
+    torn_down: Cell<bool>,
+    /// Slow-path entries on this thread since the idle collector last ran.
+    gc_clock: Cell<u32>,
+    /// [`FLUSH_EPOCH`] when this thread last swept its caches.
+    seen_epoch: Cell<u64>,
+}
+
+#[derive(Default)]
+struct Rest {
+    /// Boxed caches of indices `INLINE_CACHES..`, at `index - INLINE_CACHES` (null when none).
+    more: Vec<*mut ThreadCache>,
+    /// Per index: the engine of a registered cache, kept alive so the thread-exit flush
+    /// can reach it (and so a dead allocator's magazines stay valid until this thread
+    /// has released what its cache holds).
+    owners: Vec<Option<Arc<Engine>>>,
+}
+
+impl Rest {
+    /// The cache of `index` (null for a boxed entry never used).
+    fn cache(&self, fast: *mut ThreadCache, index: usize) -> *mut ThreadCache {
+        if index < INLINE_CACHES {
+            // SAFETY: in bounds of the inline array.
+            return unsafe { fast.add(index) };
+        }
+        self.more
+            .get(index - INLINE_CACHES)
+            .copied()
+            .unwrap_or(ptr::null_mut())
+    }
+
+    /// Retires the cache of `index`, if registered: it leaves its engine's registry and
+    /// hands its magazines over, and the entry becomes unused. No user code runs.
+    ///
+    /// # Safety
+    /// Called by the owning thread, with no reference into the cache's owner part live.
+    unsafe fn retire(&mut self, fast: *mut ThreadCache, index: usize, garbage: &mut Garbage) {
+        let Some(engine) = self.owners.get_mut(index).and_then(Option::take) else {
+            return;
+        };
+        let c = self.cache(fast, index);
+        // SAFETY: a registered cache of this thread, per the caller's contract.
+        unsafe {
+            debug_assert!(!(*c).pinned(), "retiring a pinned cache");
+            let evictions = engine.retire_cache(&*c);
+            (*c).owned().instance = EMPTY;
+            garbage.push(engine, evictions);
+        }
+    }
+}
+
+impl Table {
+    #[cfg(not(proxalloc_loom))]
+    const fn new() -> Self {
+        Self::with_caches([const { ThreadCache::new(EMPTY) }; INLINE_CACHES])
+    }
+
+    #[cfg(proxalloc_loom)]
+    fn new() -> Self {
+        Self::with_caches(std::array::from_fn(|_| ThreadCache::new(EMPTY)))
+    }
+
+    const fn with_caches(fast: [ThreadCache; INLINE_CACHES]) -> Self {
+        Table {
+            fast: UnsafeCell::new(fast),
+            rest: Cell::new(ptr::null_mut()),
+            torn_down: Cell::new(false),
+            gc_clock: Cell::new(0),
+            seen_epoch: Cell::new(0),
+        }
+    }
+
+    fn fast(&self) -> *mut ThreadCache {
+        self.fast.get().cast::<ThreadCache>()
+    }
+
+    /// Runs `f` on `rest` (if the thread has one).
+    ///
+    /// # Safety
+    /// Called by the owning thread; `f` runs no user code and does not re-enter the
+    /// table.
+    unsafe fn with_rest<R>(&self, f: impl FnOnce(&mut Rest) -> R) -> Option<R> {
+        // SAFETY: `rest` is null or a live box owned by this thread's table, and per
+        // the contract nothing else borrows it while `f` runs.
+        unsafe { self.rest.get().as_mut() }.map(f)
+    }
+
+    /// The cache of `index`, if it has one (in use or stale).
+    ///
+    /// # Safety
+    /// Called by the owning thread.
+    unsafe fn cache(&self, index: usize) -> *mut ThreadCache {
+        if index < INLINE_CACHES {
+            // SAFETY: in bounds of the inline array.
+            return unsafe { self.fast().add(index) };
+        }
+        // SAFETY: per the caller's contract; a lookup runs no user code.
+        unsafe { self.with_rest(|rest| rest.cache(self.fast(), index)) }.unwrap_or(ptr::null_mut())
+    }
+
+    /// A fresh cache for `engine` at its index (which `engine` has no cache in),
+    /// registered with the engine; a stale cache at that index (its allocator was
+    /// dropped) is retired first, into `garbage`. `None` once the thread is tearing
+    /// down its thread-locals.
+    ///
+    /// # Safety
+    /// Called by the owning thread, with no reference into the table live.
+    unsafe fn create(
+        &self,
+        engine: &Arc<Engine>,
+        garbage: &mut Garbage,
+    ) -> Option<*mut ThreadCache> {
+        if self.torn_down.get() {
+            return None;
+        }
+        if self.rest.get().is_null() {
+            if !arm_exit_hook() {
+                return None;
+            }
+            self.rest.set(Box::into_raw(Box::default()));
+        }
+        let fast = self.fast();
+        // SAFETY: per the contract; nothing in here runs user code.
+        unsafe {
+            self.with_rest(|rest| {
+                let index = engine.index() as usize;
+                if rest.owners.len() <= index {
+                    rest.owners.resize_with(index + 1, || None);
+                }
+                rest.retire(fast, index, garbage);
+                rest.owners[index] = Some(engine.clone());
+                let c = if index < INLINE_CACHES {
+                    fast.add(index)
+                } else {
+                    if rest.more.len() <= index - INLINE_CACHES {
+                        rest.more.resize(index - INLINE_CACHES + 1, ptr::null_mut());
+                    }
+                    let entry = &mut rest.more[index - INLINE_CACHES];
+                    if entry.is_null() {
+                        *entry = Box::into_raw(Box::new(ThreadCache::new(EMPTY)));
+                    }
+                    *entry
+                };
+                // The old cache is retired: no magazines, and no other thread can reach
+                // it (it left its engine's registry).
+                (*c).reset(engine.instance());
+                engine.adopt(c);
+                c
+            })
+        }
+    }
+
+    /// Sweeps this thread's caches: a cache whose allocator is gone is retired, one
+    /// with a flush request is flushed, and (on an idle pass) one that served nothing
+    /// since the previous idle pass gives one magazine back (so an idle cache drains in
+    /// two passes).
+    ///
+    /// # Safety
+    /// Called by the owning thread, with no reference into the table live.
+    unsafe fn sweep(&self, idle_pass: bool, garbage: &mut Garbage) {
+        let fast = self.fast();
+        // SAFETY: per the contract; engines' retire/flush/put run no user code.
+        unsafe {
+            self.with_rest(|rest| {
+                for index in 0..rest.owners.len() {
+                    let Some(engine) = rest.owners[index].as_ref() else {
+                        continue;
+                    };
+                    if !engine.is_alive() {
+                        rest.retire(fast, index, garbage);
+                        continue;
+                    }
+                    let c = &*rest.cache(fast, index);
+                    if c.take_flush_request() {
+                        let evictions = engine.flush(c);
+                        garbage.push(engine.clone(), evictions);
+                    } else if idle_pass {
+                        let ops = (c.counters.allocs.get() + c.counters.frees.get()) as u32;
+                        if ops == c.gc_seen.get() {
+                            let evictions = engine.release_idle_magazine(c);
+                            garbage.push(engine.clone(), evictions);
+                        }
+                        c.gc_seen.set(ops);
+                    }
+                }
+            });
+        }
+    }
+
+    /// Thread exit: retires every cache and frees what the table allocated.
+    ///
+    /// # Safety
+    /// Called by the owning thread, with no reference into the table live; the thread
+    /// makes no further registrations.
+    unsafe fn teardown(&self) -> Garbage {
+        self.torn_down.set(true);
+        let mut garbage = Garbage::default();
+        let rest = self.rest.replace(ptr::null_mut());
+        if rest.is_null() {
+            return garbage;
+        }
+        // SAFETY: a live box owned by the table, now unreachable from it.
+        let mut rest = unsafe { Box::from_raw(rest) };
+        for index in 0..rest.owners.len() {
+            // SAFETY: per the contract.
+            unsafe { rest.retire(self.fast(), index, &mut garbage) };
+        }
+        for c in rest.more.drain(..).filter(|c| !c.is_null()) {
+            // SAFETY: boxed caches owned by this table, retired above (so no other
+            // thread can reach them).
+            drop(unsafe { Box::from_raw(c) });
+        }
+        garbage
+    }
+}
+
+sync::const_thread_local! {
+    static LOCAL: Table = Table::new();
+}
+
+/// Runs the table's teardown when the thread exits (std builds). A separate
+/// thread-local so that the table itself has no destructor and needs no liveness check.
+#[cfg(not(proxalloc_loom))]
+struct ExitHook;
+
+#[cfg(not(proxalloc_loom))]
+impl Drop for ExitHook {
+    fn drop(&mut self) {
+        // SAFETY: thread-local destructors run on the owning thread, outside any
+        // allocator call; `LOCAL` has no destructor, so it is still accessible.
+        if let Ok(garbage) = LOCAL.try_with(|t| unsafe { t.teardown() }) {
+            garbage.release();
+        }
+    }
+}
+
+#[cfg(not(proxalloc_loom))]
+std::thread_local! {
+    static EXIT_HOOK: ExitHook = const { ExitHook };
+}
+
+/// Registers the thread-exit teardown; false if the thread's thread-locals are already
+/// being destroyed.
+#[cfg(not(proxalloc_loom))]
+fn arm_exit_hook() -> bool {
+    EXIT_HOOK.try_with(|_| ()).is_ok()
+}
+
+/// Under loom the table's own destructor does the teardown (loom drops a thread's
+/// thread-locals in no fixed order, so a separate hook could outlive the table).
+#[cfg(proxalloc_loom)]
+impl Drop for Table {
+    fn drop(&mut self) {
+        // SAFETY: the owning thread is exiting.
+        unsafe { self.teardown() }.release();
+    }
+}
+
+#[cfg(proxalloc_loom)]
+fn arm_exit_hook() -> bool {
+    true
+}
+
+/// What [`lookup`] found.
+pub(crate) enum Lookup {
+    /// This thread's cache for the engine.
+    Cache(*const ThreadCache),
+    /// This thread has no cache for the engine (yet, or any more after teardown).
+    Unregistered,
+    /// Thread-local storage is gone (loom only: std's table outlives teardown).
+    TornDown,
+}
+
+/// Finds this thread's cache for the allocator `(index, instance)`, or says why there is
+/// none: [`lookup_fast`], then the boxed caches of higher indices (the slow paths' lookup).
+#[inline]
+pub(crate) fn lookup(index: u32, instance: u64) -> Lookup {
+    if let Some(cache) = lookup_fast(index, instance) {
+        return Lookup::Cache(cache);
+    }
+    LOCAL
+        .try_with(|table| {
+            let index = index as usize;
+            if index < INLINE_CACHES {
+                Lookup::Unregistered
+            } else {
+                lookup_more(table, index, instance)
+            }
+        })
+        .unwrap_or(Lookup::TornDown)
+}
+
+/// The fast paths' lookup: a bounds check and a compare of the instance, in the same
+/// cache line as the cache's fast-path fields. It finds this thread's inline cache for
+/// `(index, instance)`, or `None` for anything else (a boxed cache, no cache, teardown),
+/// which the slow paths sort out with [`lookup`]. It makes no calls, so the fast paths
+/// around it make none either.
+#[inline(always)]
+pub(crate) fn lookup_fast(index: u32, instance: u64) -> Option<*const ThreadCache> {
+    let index = index as usize;
+    if index >= INLINE_CACHES {
+        return None;
+    }
+    LOCAL
+        .try_with(|table| {
+            // SAFETY: in bounds; entries are always valid caches, and the owner part is
+            // never borrowed across a call into the allocator.
+            let cache = unsafe { table.fast().add(index) };
+            // SAFETY: as above; this thread owns the table.
+            (unsafe { ThreadCache::instance(cache) } == instance).then_some(cache.cast_const())
+        })
+        .ok()
+        .flatten()
+}
+
+#[cold]
+fn lookup_more(table: &Table, index: usize, instance: u64) -> Lookup {
+    // SAFETY: this thread's table.
+    let cache = unsafe { table.cache(index) };
+    // SAFETY: a non-null entry is a boxed cache owned by the table.
+    if !cache.is_null() && unsafe { ThreadCache::instance(cache) } == instance {
+        Lookup::Cache(cache)
+    } else {
+        Lookup::Unregistered
+    }
+}
+
+/// Creates and registers this thread's cache for `engine` (which must have none); does
+/// nothing if the thread is tearing down its thread-locals. It may run user code (the
+/// destructors of values a dropped allocator left in the index's old cache), so callers
+/// look the cache up again afterwards.
+pub(crate) fn install(engine: &Arc<Engine>) {
+    let mut garbage = Garbage::default();
+    // SAFETY: this thread's table; no reference into it is live.
+    let _ = LOCAL.try_with(|t| unsafe { t.create(engine, &mut garbage) });
+    garbage.release();
+}
+
+/// Counts a slow-path entry on this thread and sweeps its caches when the idle
+/// collector is due or another thread asked for flushes. Called at the end of slow
+/// paths, when no cache is borrowed.
+pub(crate) fn after_slow_path() {
+    sweep_when_due(true);
+}
+
+/// Honours flush requests posted since this thread last looked (a `with_local` call's
+/// exit: an event loop may never take a slow path).
+pub(crate) fn honour_flush_requests() {
+    sweep_when_due(false);
+}
+
+fn sweep_when_due(slow_path: bool) {
+    let garbage = LOCAL.try_with(|t| {
+        let mut idle_pass = false;
+        if slow_path {
+            let n = t.gc_clock.get() + 1;
+            idle_pass = n >= GC_PERIOD;
+            t.gc_clock.set(if idle_pass { 0 } else { n });
+        }
+        // Acquire pairs with `announce_flush_requests`' Release: a thread that sees the
+        // new epoch also sees the flush requests and dead engines posted before it (with
+        // Relaxed, a weak-memory CPU could skip them until the next idle pass).
+        let epoch = FLUSH_EPOCH.load(Ordering::Acquire);
+        if !idle_pass && epoch == t.seen_epoch.get() {
+            return None;
+        }
+        t.seen_epoch.set(epoch);
+        let mut garbage = Garbage::default();
+        // SAFETY: this thread's table; callers hold no borrow of it or of a cache.
+        unsafe { t.sweep(idle_pass, &mut garbage) };
+        Some(garbage)
+    });
+    if let Ok(Some(garbage)) = garbage {
+        garbage.release();
+    }
+}
+
+/// Retires this thread's cache for `engine` (its magazines go to the depot) and frees
+/// its table entry for reuse. Returns the number of objects released to the backing
+/// allocator (what the depot's budget did not take).
+pub(crate) fn uninstall(engine: &Engine) -> usize {
+    let mut garbage = Garbage::default();
+    let _ = LOCAL.try_with(|t| {
+        let index = engine.index() as usize;
+        // SAFETY: this thread's table; no reference into it is live.
+        unsafe {
+            let c = t.cache(index);
+            if !c.is_null() && ThreadCache::instance(c) == engine.instance() {
+                let fast = t.fast();
+                t.with_rest(|rest| rest.retire(fast, index, &mut garbage));
+            }
+        }
+    });
+    garbage.release()
+}

@@ -1,0 +1,585 @@
+//! A thread's cache for one allocator: Bonwick's two magazines (loaded and previous),
+//! the stash of full magazines it grows into, and the permits of a capped allocator.
+//!
+//! The loaded magazine is kept unpacked in the cache (slot array, count, capacity), so
+//! the fast paths are: find the cache (see [`table`](super::table)), compare the count,
+//! move one pointer. The exchange rules, which run only when the loaded magazine is
+//! empty (alloc) or full (free), are `#[cold]` functions in [`engine`](super::engine).
+
+use std::cell::{Cell, UnsafeCell};
+use std::ptr::{self, NonNull};
+use std::sync::atomic::AtomicBool;
+
+use super::magazine::{self, Magazine, NIL};
+use crate::sync::{const_fn, AtomicU64, AtomicUsize, Ordering, StatCounter};
+
+/// Counters of one cache (or of all retired caches of an engine).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    /// Allocations served to users (any path).
+    pub(crate) allocs: StatCounter,
+    /// Frees received from users (any path).
+    pub(crate) frees: StatCounter,
+    /// Magazines taken from the depot's full stack.
+    pub(crate) refills: StatCounter,
+    /// Magazines given to the depot that it kept.
+    pub(crate) spills: StatCounter,
+    /// Magazines given to the depot whose objects went to the backing allocator
+    /// because the budget was full.
+    pub(crate) overflows: StatCounter,
+}
+
+/// [`Counters`] read out as numbers.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Counts {
+    pub(crate) allocs: u64,
+    pub(crate) frees: u64,
+    pub(crate) refills: u64,
+    pub(crate) spills: u64,
+    pub(crate) overflows: u64,
+}
+
+impl Counters {
+    pub(crate) const fn new() -> Self {
+        Counters {
+            allocs: StatCounter::new(),
+            frees: StatCounter::new(),
+            refills: StatCounter::new(),
+            spills: StatCounter::new(),
+            overflows: StatCounter::new(),
+        }
+    }
+
+    /// Zeroes the counters (the owner, for a cache no other thread can reach).
+    fn reset(&self) {
+        for c in [
+            &self.allocs,
+            &self.frees,
+            &self.refills,
+            &self.spills,
+            &self.overflows,
+        ] {
+            c.reset();
+        }
+    }
+
+    /// Adds these counters' values to `sum`.
+    pub(crate) fn read_into(&self, sum: &mut Counts) {
+        sum.allocs += self.allocs.get();
+        sum.frees += self.frees.get();
+        sum.refills += self.refills.get();
+        sum.spills += self.spills.get();
+        sum.overflows += self.overflows.get();
+    }
+
+    /// Adds `other`'s values to these counters from any thread.
+    pub(crate) fn add_shared(&self, other: &Counters) {
+        let mut n = Counts::default();
+        other.read_into(&mut n);
+        self.allocs.add_shared(n.allocs);
+        self.frees.add_shared(n.frees);
+        self.refills.add_shared(n.refills);
+        self.spills.add_shared(n.spills);
+        self.overflows.add_shared(n.overflows);
+    }
+}
+
+/// One thread's cache for one allocator.
+///
+/// It has two parts with different rules (see "Owner and administrator" in
+/// docs/design.md):
+/// - [`OwnerPart`], behind an `UnsafeCell`: the magazines. Only the owner thread ever
+///   touches it, through [`owned`](Self::owned), and never across code that may run
+///   user code (a recycled value's destructor or constructor), so no reference to it is
+///   live when the allocator is re-entered.
+/// - the shared part: statistics counters (bumped by the owner, read by any thread under
+///   the engine's registry lock) and the flush request (set by any thread, taken by the
+///   owner). Both are atomics, and other threads only ever reach this part through a
+///   pointer to the field, never a reference to the whole cache.
+///
+/// The fast paths' fields (the owned part, 48 bytes) and their two counters come first,
+/// in one cache line.
+#[derive(Debug)]
+#[repr(C, align(64))]
+pub(crate) struct ThreadCache {
+    owned: UnsafeCell<OwnerPart>,
+    /// What this cache did, bumped by its thread only.
+    pub(crate) counters: Counters,
+    /// The stash: full magazines beyond the loaded and previous ones, a stack of
+    /// magazine indices linked through their `next` fields, with its length, packed as
+    /// `(len << 32) | top`. Only the owner pushes and pops; any thread may take the whole
+    /// stash with one swap (`trim_all`, the allocator's drop), which is what makes memory
+    /// that an idle thread caches reclaimable from another thread. No ABA: only the owner
+    /// pushes, and it never pushes while it pops.
+    stash: AtomicU64,
+    /// Bytes of the process-wide thread-cache budget this cache holds for its stash
+    /// (owner grows it; owner or administrator gives it back).
+    grant: AtomicUsize,
+    /// Empty magazines kept for the stash's next fills (owner only), linked through
+    /// `next`.
+    empties: Cell<*const Magazine>,
+    /// `allocs + frees` (truncated) when the idle collector last looked at this cache
+    /// (owner only).
+    pub(super) gc_seen: Cell<u32>,
+    /// Permits to have objects live, drawn from a capped allocator's shared count (see
+    /// `Config::max_live`); the owner takes and returns them, a refused thread takes
+    /// them all back (both with read-modify-writes, so none is lost).
+    credits: std::sync::atomic::AtomicU32,
+    /// Live [`Pin`]s: while non-zero the cache must not be retired (owner only).
+    pins: Cell<u16>,
+    /// How many empties are kept (owner only).
+    empty_count: Cell<u16>,
+    /// Magazines spilled to the depot since the last refill from it (owner only): the
+    /// demand that was not kept, which the next refill grants the stash room for.
+    spills_since_refill: Cell<u16>,
+    /// Set by `trim_all` or a dying allocator on another thread: the owner flushes the
+    /// cache at its next slow path. A hint (nothing is published through it), so it is a
+    /// std atomic even under loom.
+    flush_request: AtomicBool,
+}
+
+/// Packs a stash head.
+const fn stash_head(len: u32, top: u32) -> u64 {
+    ((len as u64) << 32) | top as u64
+}
+
+/// Unpacks a stash head into `(len, top)`.
+fn stash_parts(head: u64) -> (u32, u32) {
+    ((head >> 32) as u32, head as u32)
+}
+
+/// The owner-only part of a [`ThreadCache`].
+#[derive(Debug)]
+#[repr(C)]
+pub(crate) struct OwnerPart {
+    /// Instance number of the engine this cache belongs to ([`EMPTY`](super::table::EMPTY) when unused).
+    pub(crate) instance: u64,
+    /// Slot array of the loaded magazine (dangling when `cap == 0`).
+    slots: *mut *mut u8,
+    /// Objects in the loaded magazine.
+    len: usize,
+    /// Capacity of the loaded magazine; 0 when there is none, so both fast paths fall
+    /// through to the slow path.
+    cap: usize,
+    /// The loaded magazine's descriptor (its `len` is stale while it is loaded).
+    loaded: *const Magazine,
+    /// The previous magazine, or null; its descriptor's `len` is current.
+    previous: *const Magazine,
+}
+
+impl ThreadCache {
+    const_fn! {
+        /// An unused cache (`instance` [`EMPTY`](super::table::EMPTY)) or a fresh one.
+        pub(crate) fn new(instance: u64) -> Self {
+            Self::with_stash(
+                instance,
+                AtomicU64::new(stash_head(0, NIL)),
+                AtomicUsize::new(0),
+            )
+        }
+    }
+
+    const fn with_stash(instance: u64, stash: AtomicU64, grant: AtomicUsize) -> Self {
+        ThreadCache {
+            owned: UnsafeCell::new(OwnerPart::empty(instance)),
+            counters: Counters::new(),
+            flush_request: AtomicBool::new(false),
+            pins: Cell::new(0),
+            credits: std::sync::atomic::AtomicU32::new(0),
+            gc_seen: Cell::new(0),
+            stash,
+            grant,
+            empties: Cell::new(ptr::null()),
+            empty_count: Cell::new(0),
+            spills_since_refill: Cell::new(0),
+        }
+    }
+
+    /// The owner-only part.
+    ///
+    /// # Safety
+    /// Called on the owner thread, with no other reference from `owned` live; the
+    /// result is not kept across code that may run user code.
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)] // the UnsafeCell and the contract above make it unique
+    pub(crate) unsafe fn owned(&self) -> &mut OwnerPart {
+        // SAFETY: per the contract, this is the only reference into the cell.
+        unsafe { &mut *self.owned.get() }
+    }
+
+    /// The instance number, read by the owner's lookups.
+    ///
+    /// # Safety
+    /// Called on the owner thread, with no reference from `owned` live.
+    #[inline(always)]
+    pub(crate) unsafe fn instance(this: *const ThreadCache) -> u64 {
+        // SAFETY: per the contract; a read through the cell's pointer, no reference.
+        unsafe { (*UnsafeCell::raw_get(ptr::addr_of!((*this).owned))).instance }
+    }
+
+    /// The shared counters of the cache at `this`, for readers on any thread.
+    ///
+    /// # Safety
+    /// `this` points to a live cache (registered caches stay allocated while their
+    /// engine's registry lock is held).
+    pub(crate) unsafe fn counters<'c>(this: *const ThreadCache) -> &'c Counters {
+        // SAFETY: per the contract; only the atomic field is borrowed, never the cell.
+        unsafe { &*ptr::addr_of!((*this).counters) }
+    }
+
+    /// Asks the owner to flush this cache at its next slow path (any thread).
+    ///
+    /// # Safety
+    /// As for [`counters`](Self::counters).
+    pub(crate) unsafe fn request_flush(this: *const ThreadCache) {
+        // SAFETY: per the contract; only the atomic field is borrowed.
+        unsafe { (*ptr::addr_of!((*this).flush_request)).store(true, Ordering::Relaxed) };
+    }
+
+    /// Whether a [`Pin`] holds this cache (owner only).
+    pub(crate) fn pinned(&self) -> bool {
+        self.pins.get() > 0
+    }
+
+    /// Makes this retired cache a fresh, empty one of `instance`, in place and only
+    /// through the cell and the atomics (never a write of the whole struct): a slow path
+    /// further up this thread's stack may still hold a shared reference to it, if user
+    /// code it ran retired the cache and registered its allocator again.
+    ///
+    /// # Safety
+    /// Called on the owner thread, with no reference from `owned` live; the cache holds
+    /// no magazines and is in no engine's registry.
+    pub(super) unsafe fn reset(&self, instance: u64) {
+        // SAFETY: per the contract, the only access to the cell.
+        unsafe { *self.owned.get() = OwnerPart::empty(instance) };
+        self.counters.reset();
+        self.flush_request.store(false, Ordering::Relaxed);
+        self.pins.set(0);
+        self.credits.store(0, Ordering::Relaxed);
+        self.gc_seen.set(0);
+        debug_assert_eq!(stash_parts(self.stash.load(Ordering::Relaxed)).1, NIL);
+        debug_assert_eq!(self.grant.load(Ordering::Relaxed), 0);
+        debug_assert!(self.empties.get().is_null());
+        self.spills_since_refill.set(0);
+    }
+
+    /// Takes one permit (owner); false when it holds none.
+    pub(crate) fn take_credit(&self) -> bool {
+        self.credits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Adds `n` permits (owner); returns how many it then holds.
+    pub(crate) fn add_credits(&self, n: u32) -> u32 {
+        self.credits.fetch_add(n, Ordering::Relaxed) + n
+    }
+
+    /// Takes `n` permits back if it holds at least that many (owner).
+    pub(crate) fn give_back_credits(&self, n: u32) -> bool {
+        self.credits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |have| {
+                have.checked_sub(n)
+            })
+            .is_ok()
+    }
+
+    /// Takes every permit (any thread).
+    ///
+    /// # Safety
+    /// As for [`counters`](Self::counters).
+    pub(crate) unsafe fn seize_credits(this: *const ThreadCache) -> u32 {
+        // SAFETY: per the contract; only the atomic field is borrowed.
+        unsafe { (*ptr::addr_of!((*this).credits)).swap(0, Ordering::Relaxed) }
+    }
+
+    /// Magazines in the stash now.
+    pub(crate) fn stash_len(&self) -> u32 {
+        stash_parts(self.stash.load(Ordering::Relaxed)).0
+    }
+
+    /// Bytes of the process-wide budget this cache holds.
+    pub(crate) fn grant(&self) -> usize {
+        self.grant.load(Ordering::Relaxed)
+    }
+
+    /// Adds `bytes` (already reserved from the process-wide budget) to the grant (owner).
+    pub(crate) fn add_grant(&self, bytes: usize) {
+        self.grant.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Takes the whole grant, to give it back to the process-wide budget (any thread).
+    ///
+    /// # Safety
+    /// As for [`counters`](Self::counters).
+    pub(crate) unsafe fn take_grant(this: *const ThreadCache) -> usize {
+        // SAFETY: per the contract; only the atomic field is borrowed.
+        unsafe { (*ptr::addr_of!((*this).grant)).swap(0, Ordering::Relaxed) }
+    }
+
+    /// Pushes `mag` (full, owned by this cache) onto the stash (owner only).
+    pub(crate) fn stash_push(&self, mag: &Magazine) {
+        let mut head = self.stash.load(Ordering::Relaxed);
+        loop {
+            let (len, top) = stash_parts(head);
+            mag.next.store(top, Ordering::Relaxed);
+            // Release: the rounds and link written before this become visible to an
+            // administrator that takes the stash (its swap is Acquire).
+            match self.stash.compare_exchange_weak(
+                head,
+                stash_head(len + 1, mag.index),
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    /// Pops the stash's top magazine (owner only); `get` resolves an index.
+    pub(crate) fn stash_pop<'t>(&self, get: impl Fn(u32) -> &'t Magazine) -> Option<&'t Magazine> {
+        let mut head = self.stash.load(Ordering::Acquire);
+        loop {
+            let (len, top) = stash_parts(head);
+            if top == NIL {
+                return None;
+            }
+            let mag = get(top);
+            // If an administrator took the stash meanwhile it may be relinking `mag`:
+            // the read is atomic, and the CAS below then fails.
+            let next = mag.next.load(Ordering::Relaxed);
+            match self.stash.compare_exchange_weak(
+                head,
+                stash_head(len - 1, next),
+                Ordering::Acquire,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(mag),
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    /// Takes the whole stash (any thread): returns the top index of the chain, now owned
+    /// by the caller ([`NIL`] when empty).
+    ///
+    /// # Safety
+    /// As for [`counters`](Self::counters).
+    pub(crate) unsafe fn stash_take(this: *const ThreadCache) -> u32 {
+        // SAFETY: per the contract; only the atomic field is borrowed. Acquire pairs
+        // with the owner's Release pushes, so the chain's rounds and links are visible.
+        let old =
+            unsafe { (*ptr::addr_of!((*this).stash)).swap(stash_head(0, NIL), Ordering::AcqRel) };
+        stash_parts(old).1
+    }
+
+    /// Keeps an empty magazine for later (owner only); false when `limit` are kept.
+    pub(crate) fn keep_empty(&self, mag: &Magazine, limit: u32) -> bool {
+        if u32::from(self.empty_count.get()) >= limit || self.empty_count.get() == u16::MAX {
+            return false;
+        }
+        let next = self.empties.get();
+        mag.next.store(
+            // SAFETY: kept magazines are descriptors of the engine's table.
+            unsafe { next.as_ref() }.map_or(NIL, |m| m.index),
+            Ordering::Relaxed,
+        );
+        self.empties.set(mag);
+        self.empty_count.set(self.empty_count.get() + 1);
+        true
+    }
+
+    /// Takes a kept empty magazine (owner only); `get` resolves an index.
+    pub(crate) fn take_empty<'t>(&self, get: impl Fn(u32) -> &'t Magazine) -> Option<&'t Magazine> {
+        // SAFETY: kept magazines are descriptors of the engine's table, which outlives
+        // the cache's use of them.
+        let mag: &'t Magazine = unsafe { self.empties.get().as_ref() }?;
+        let next = mag.next.load(Ordering::Relaxed);
+        self.empties
+            .set(if next == NIL { ptr::null() } else { get(next) });
+        self.empty_count.set(self.empty_count.get() - 1);
+        Some(mag)
+    }
+
+    /// Counts a spill to the depot (owner only).
+    pub(crate) fn note_spill(&self) {
+        self.spills_since_refill
+            .set(self.spills_since_refill.get().saturating_add(1));
+    }
+
+    /// The spills since the last refill, resetting the count (owner only).
+    pub(crate) fn take_spills(&self) -> u16 {
+        self.spills_since_refill.replace(0)
+    }
+
+    /// Takes a pending flush request (owner only).
+    pub(crate) fn take_flush_request(&self) -> bool {
+        self.flush_request.load(Ordering::Relaxed)
+            && self.flush_request.swap(false, Ordering::Relaxed)
+    }
+
+    /// Fast path: pops the loaded magazine.
+    ///
+    /// # Safety
+    /// As for [`owned`](Self::owned).
+    #[inline(always)]
+    pub(crate) unsafe fn pop(&self) -> Option<NonNull<u8>> {
+        // SAFETY: forwarded; the borrow ends before this returns.
+        let o = unsafe { self.owned() };
+        if o.len == 0 {
+            return None;
+        }
+        o.len -= 1;
+        // SAFETY: `slots[..len + 1]` are valid objects of the loaded magazine.
+        let object = unsafe { magazine::slot(o.slots, o.len) };
+        // After the read: the compiler cannot see through the counter's store, so it
+        // would reload `slots` and `len` after it.
+        self.counters.allocs.bump(1);
+        Some(object)
+    }
+
+    /// Fast path: pushes onto the loaded magazine; false when it is full.
+    ///
+    /// # Safety
+    /// As for [`owned`](Self::owned).
+    #[inline(always)]
+    pub(crate) unsafe fn push(&self, object: NonNull<u8>) -> bool {
+        // SAFETY: forwarded; the borrow ends before this returns.
+        let o = unsafe { self.owned() };
+        if o.len == o.cap {
+            return false;
+        }
+        // SAFETY: `len < cap`, inside the loaded magazine's slot array.
+        unsafe { *o.slots.add(o.len) = object.as_ptr() };
+        o.len += 1;
+        self.counters.frees.bump(1);
+        true
+    }
+}
+
+impl OwnerPart {
+    const fn empty(instance: u64) -> Self {
+        OwnerPart {
+            instance,
+            slots: ptr::null_mut(),
+            len: 0,
+            cap: 0,
+            loaded: ptr::null(),
+            previous: ptr::null(),
+        }
+    }
+
+    pub(crate) fn previous(&self) -> Option<&Magazine> {
+        // SAFETY: a non-null `previous` is a descriptor of the engine's table, which
+        // outlives every cache of the engine.
+        unsafe { self.previous.as_ref() }
+    }
+
+    /// Objects in the loaded magazine.
+    pub(crate) fn loaded_len(&self) -> usize {
+        self.len
+    }
+
+    /// Capacity of the loaded magazine (0 when none).
+    pub(crate) fn loaded_cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Removes the loaded magazine (writing its count back); the caller owns it.
+    pub(crate) fn unload(&mut self) -> Option<NonNull<Magazine>> {
+        let mag = NonNull::new(self.loaded.cast_mut())?;
+        let len = self.len;
+        // SAFETY: a non-null `loaded` is a live descriptor, owned by this cache.
+        unsafe { mag.as_ref().with_rounds(|r| r.len = len) };
+        self.loaded = ptr::null();
+        self.slots = ptr::null_mut();
+        self.len = 0;
+        self.cap = 0;
+        Some(mag)
+    }
+
+    /// Makes `mag` (owned by the caller, with slot storage) the loaded magazine. There
+    /// must be no loaded magazine.
+    pub(crate) fn load(&mut self, mag: &Magazine, capacity: usize) {
+        debug_assert!(self.loaded.is_null());
+        // SAFETY: the caller hands over ownership.
+        let (slots, len) = unsafe { mag.with_rounds(|r| (r.slots, r.len)) };
+        debug_assert!(!slots.is_null() && len <= capacity);
+        self.slots = slots;
+        self.len = len;
+        self.cap = capacity;
+        self.loaded = mag;
+    }
+
+    /// Removes the previous magazine; the caller owns it.
+    pub(crate) fn take_previous(&mut self) -> Option<NonNull<Magazine>> {
+        let mag = NonNull::new(self.previous.cast_mut());
+        self.previous = ptr::null();
+        mag
+    }
+
+    /// Makes `mag` (owned by the caller) the previous magazine. There must be none.
+    pub(crate) fn set_previous(&mut self, mag: Option<NonNull<Magazine>>) {
+        debug_assert!(self.previous.is_null(), "a previous magazine would be lost");
+        self.previous = mag.map_or(ptr::null(), |m| m.as_ptr());
+    }
+
+    /// Swaps loaded and previous (either may be absent).
+    pub(crate) fn swap(&mut self, capacity: usize) {
+        let loaded = self.unload();
+        if let Some(prev) = self.take_previous() {
+            // SAFETY: the previous magazine is a live descriptor owned by this cache.
+            self.load(unsafe { prev.as_ref() }, capacity);
+        }
+        self.set_previous(loaded);
+    }
+}
+
+/// Keeps a thread's cache from being retired by `release_thread_cache` while a
+/// `LocalCache` points at it.
+pub(crate) struct Pin(*const ThreadCache);
+
+impl Pin {
+    /// Pins `cache`, this thread's registered cache.
+    ///
+    /// # Safety
+    /// `cache` is this thread's cache, and no reference from its `owned` is live.
+    pub(crate) unsafe fn new(cache: *const ThreadCache) -> Self {
+        // SAFETY: per the contract.
+        unsafe {
+            let pins = (*cache).pins.get().checked_add(1);
+            (*cache)
+                .pins
+                .set(pins.expect("proxalloc: with_local nested 65535 deep"));
+        }
+        Pin(cache)
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        // SAFETY: a pinned cache is not freed until its thread exits, this pin lives on
+        // that thread's stack, and no owner borrow is live where a pin drops.
+        unsafe { (*self.0).pins.set((*self.0).pins.get() - 1) };
+    }
+}
+
+#[cfg(all(test, not(proxalloc_loom)))]
+mod tests {
+    use super::*;
+
+    /// The fast paths touch the owned part and the `allocs`/`frees` counters: one line.
+    #[test]
+    fn fast_path_fields_share_one_cache_line() {
+        let c = ThreadCache::new(super::super::table::EMPTY);
+        let base = std::ptr::addr_of!(c) as usize;
+        let frees_end = std::ptr::addr_of!(c.counters.frees) as usize + 8;
+        assert_eq!(std::mem::align_of::<ThreadCache>(), 64);
+        assert!(
+            frees_end - base <= 64,
+            "counters end at byte {}",
+            frees_end - base
+        );
+    }
+}
