@@ -18,7 +18,9 @@ fn allocator(magazine: usize, depot_objects: usize) -> Alloc {
     let cfg = Config::new()
         .magazine_size(magazine)
         .depot_bytes(depot_objects * 8);
-    ClassAllocator::with_config("loom-admin", cfg)
+    let a = ClassAllocator::with_config("loom-admin", cfg);
+    a.mode(); // creates the engine before any thread starts (see class_alloc.rs)
+    a
 }
 
 /// Allocates `n` objects and frees them, leaving them in this thread's cache.

@@ -18,7 +18,12 @@ fn allocator(magazine: usize, depot_objects: usize) -> Arc<Alloc> {
     let cfg = Config::new()
         .magazine_size(magazine)
         .depot_bytes(depot_objects * 8);
-    Arc::new(ClassAllocator::with_config("loom", cfg))
+    let a = ClassAllocator::with_config("loom", cfg);
+    // Creates the engine here, before any thread starts: the race to create it is
+    // modelled once, in `first_use_from_two_threads_publishes_one_engine`, not in every
+    // model.
+    a.mode();
+    Arc::new(a)
 }
 
 /// Every object is in exactly one place.
@@ -45,6 +50,26 @@ fn finish(a: Arc<Alloc>) {
 fn spawn_with(a: &Arc<Alloc>, f: impl FnOnce(&Alloc) + Send + 'static) -> thread::JoinHandle<()> {
     let a = Arc::clone(a);
     thread::spawn(move || f(&a))
+}
+
+/// Two threads use a new allocator at once: each builds an engine, one CAS publishes
+/// one of them, and the loser shuts its own down. Both threads must then work through
+/// the published engine (fails if the load of the engine pointer were `Relaxed`: the
+/// engine's fields would not be visible, which loom reports as a causality violation),
+/// and the losing engine must release everything (fails as a leak otherwise).
+#[test]
+fn first_use_from_two_threads_publishes_one_engine() {
+    loom::model(|| {
+        let cfg = Config::new().magazine_size(1).depot_bytes(8);
+        let a = Arc::new(ClassAllocator::<u64>::with_config("loom", cfg));
+        let t = spawn_with(&a, |a| churn(a, 1));
+        churn(&a, 1);
+        t.join().unwrap();
+        let s = a.stats();
+        assert_conserved(&s);
+        assert_eq!(s.live, 0);
+        finish(a);
+    });
 }
 
 /// A producer fills and spills magazines while a consumer refills from the depot.
