@@ -35,7 +35,6 @@
 #![cfg_attr(feature = "nightly", feature(allocator_api))]
 #![cfg_attr(proxalloc_loom, allow(dead_code, unreachable_pub))]
 
-mod block_source;
 mod class;
 mod config;
 mod core;
@@ -45,16 +44,16 @@ mod registry;
 pub mod stats;
 mod sync;
 
-pub use block_source::{
-    BlockAllocator, BlockSource, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
-};
 pub use class::owned::Owned;
 pub use class::recycle::{OwnedRecycled, Recycle, Recycled, RecyclingAllocator};
 pub use class::thin::{StaticClass, Thin};
 pub use class::{AllocError, ClassAllocator, ClassBox, LocalCache};
 pub use config::{CacheMode, Config, BYPASS_ENV, MAX_MAGAZINE_SIZE};
 pub use debug::POISON;
-pub use pool::{CleanupKey, Pool, PoolStats, PoolVec, PoolWriter, SubPool};
+pub use pool::{
+    BlockAllocator, BlockSource, CleanupKey, Pool, PoolStats, PoolVec, PoolWriter, RawBlock,
+    SubPool, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
+};
 pub use stats::Stats;
 
 /// Gives every cached object of every allocator in the process back to the system

@@ -20,19 +20,18 @@
 //! in huge pages, keep it out of core dumps, or account for it on its own.
 
 use std::alloc::Layout;
-use std::collections::BTreeMap;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 #[cfg(not(proxalloc_loom))]
 use std::sync::OnceLock;
 
+use super::large_blocks::Large;
 use crate::class::ClassAllocator;
 use crate::config::Config;
-use crate::core::backing::{free_user_block, MemoryOwner, ObjectHooks};
+use crate::core::backing::{MemoryOwner, ObjectHooks};
 use crate::core::budget::ByteBudget;
-use crate::registry::Registered;
 use crate::stats::Stats;
-use crate::sync::{self, Arc, Mutex, StatCounter};
+use crate::sync::Arc;
 
 /// Sizes of the block classes served through per-thread caches.
 ///
@@ -176,33 +175,6 @@ unsafe impl BlockAllocator for std::alloc::System {
     }
 }
 
-/// A cached large block's address.
-struct Cached(NonNull<u8>);
-
-// SAFETY: a cached block is plain memory owned by the cache; it moves between threads
-// only under the cache's mutex.
-unsafe impl Send for Cached {}
-
-/// Cached large blocks: size → blocks, most recently freed last.
-#[derive(Default)]
-struct LargeBlocks {
-    buckets: BTreeMap<usize, Vec<Cached>>,
-}
-
-/// The large-block part of a source, registered for stats and `trim_all`.
-struct Large {
-    cache: Mutex<LargeBlocks>,
-    budget: Arc<ByteBudget>,
-    /// The user's block allocator, or `None` for the global allocator.
-    memory: Option<std::sync::Arc<dyn BlockAllocator>>,
-    id: u64,
-    allocs: StatCounter,
-    frees: StatCounter,
-    cached_blocks: StatCounter,
-    system_allocs: StatCounter,
-    system_frees: StatCounter,
-}
-
 /// Hands out blocks of 8 KiB and more to pools, caching freed ones within a `max_free`
 /// byte budget. Safe to share between threads.
 ///
@@ -291,19 +263,7 @@ impl BlockSource {
         ) -> ClassAllocator<T> {
             ClassAllocator::with_parts(name, cfg, hooks, Some(budget.clone()))
         }
-        let large = Arc::new(Large {
-            cache: Mutex::new(LargeBlocks::default()),
-            budget: budget.clone(),
-            memory: memory.as_ref().map(|m| m.get().clone()),
-            id: crate::core::ids::fresh_instance(),
-            allocs: StatCounter::new(),
-            frees: StatCounter::new(),
-            cached_blocks: StatCounter::new(),
-            system_allocs: StatCounter::new(),
-            system_frees: StatCounter::new(),
-        });
-        #[cfg(not(proxalloc_loom))]
-        crate::registry::register(&large);
+        let large = Large::new(budget.clone(), memory.as_ref().map(|m| m.get().clone()));
         BlockSource {
             c8: class("pool-blocks-8K", cfg, hooks, &budget),
             c16: class("pool-blocks-16K", cfg, hooks, &budget),
@@ -333,7 +293,7 @@ impl BlockSource {
     /// assert_eq!(proxalloc::BlockSource::new(1 << 20).max_free(), 1 << 20);
     /// ```
     pub fn max_free(&self) -> usize {
-        self.large.budget.limit()
+        self.large.budget().limit()
     }
 
     /// Bytes of free blocks cached by the source (class depots and large buckets; not
@@ -349,7 +309,7 @@ impl BlockSource {
     /// assert_eq!(source.cached_bytes(), 0);
     /// ```
     pub fn cached_bytes(&self) -> usize {
-        self.large.budget.used()
+        self.large.budget().used()
     }
 
     /// Size of the block that serves a request of `size` bytes.
@@ -502,134 +462,5 @@ impl Drop for BlockSource {
         // The class allocators drop themselves (returning their cached blocks); the large
         // cache is emptied here.
         self.large.trim();
-    }
-}
-
-/// The layout of a large block that was allocated (so its size is known to fit one).
-fn large_layout(size: usize) -> Layout {
-    Layout::from_size_align(size, BLOCK_ALIGN).expect("an allocated block's layout")
-}
-
-impl Large {
-    fn alloc(&self, size: usize) -> Option<RawBlock> {
-        {
-            let mut cache = sync::lock(&self.cache);
-            // The smallest cached size that fits and is at most twice the request.
-            let hit = cache
-                .buckets
-                .range_mut(size..=size.saturating_mul(2))
-                .find_map(|(&s, list)| list.pop().map(|addr| (s, addr)));
-            if let Some((s, Cached(ptr))) = hit {
-                if cache.buckets.get(&s).is_some_and(Vec::is_empty) {
-                    cache.buckets.remove(&s);
-                }
-                drop(cache);
-                self.uncache(s);
-                self.allocs.add_shared(1);
-                return Some(RawBlock { ptr, size: s });
-            }
-        }
-        // A size no layout can describe is a failed allocation, not a panic (and, like
-        // any failure, not counted).
-        let layout = Layout::from_size_align(size, BLOCK_ALIGN).ok()?;
-        let ptr = self.alloc_memory(layout)?;
-        self.allocs.add_shared(1);
-        self.system_allocs.add_shared(1);
-        Some(RawBlock { ptr, size })
-    }
-
-    /// # Safety
-    /// As for [`BlockSource::free`].
-    unsafe fn free(&self, block: RawBlock) {
-        self.frees.add_shared(1);
-        if self.budget.reserve(block.size) {
-            self.cached_blocks.add_shared(1);
-            let mut cache = sync::lock(&self.cache);
-            cache
-                .buckets
-                .entry(block.size)
-                .or_default()
-                .push(Cached(block.ptr));
-        } else {
-            // SAFETY: allocated in `alloc` with this layout.
-            unsafe { self.free_memory(block.ptr, large_layout(block.size)) };
-            self.system_frees.add_shared(1);
-        }
-    }
-
-    /// Memory for a block of `layout`, from the user's allocator or the global one.
-    fn alloc_memory(&self, layout: Layout) -> Option<NonNull<u8>> {
-        match &self.memory {
-            // SAFETY: non-zero size.
-            None => NonNull::new(unsafe { sync::alloc(layout) }),
-            Some(m) => m.alloc_block(layout),
-        }
-    }
-
-    /// Gives back a block's memory.
-    ///
-    /// # Safety
-    /// `p` came from [`alloc_memory`](Self::alloc_memory) with `layout`, and is not used
-    /// again.
-    unsafe fn free_memory(&self, p: NonNull<u8>, layout: Layout) {
-        match &self.memory {
-            // SAFETY: forwarded from the caller.
-            None => unsafe { sync::dealloc(p.as_ptr(), layout) },
-            // SAFETY: forwarded from the caller.
-            Some(m) => unsafe { free_user_block(&**m, p, layout) },
-        }
-    }
-
-    /// Accounts for a cached block of `size` bytes leaving the cache.
-    fn uncache(&self, size: usize) {
-        self.budget.release(size);
-        self.cached_blocks.sub_shared(1);
-    }
-
-    fn trim(&self) -> usize {
-        let buckets = std::mem::take(&mut sync::lock(&self.cache).buckets);
-        let mut released = 0;
-        for (size, list) in buckets {
-            for Cached(p) in list {
-                self.uncache(size);
-                // SAFETY: a cached block, allocated with this layout, owned by the cache.
-                unsafe { self.free_memory(p, large_layout(size)) };
-                self.system_frees.add_shared(1);
-                released += size;
-            }
-        }
-        released
-    }
-
-    fn stats(&self) -> Stats {
-        let allocs = self.allocs.get();
-        let frees = self.frees.get();
-        Stats {
-            name: "pool-blocks-large",
-            id: self.id,
-            // Large blocks vary in size: the row counts blocks, not bytes.
-            object_size: 0,
-            allocs,
-            frees,
-            live: allocs.saturating_sub(frees),
-            cached_in_threads: 0,
-            cached_in_depot: self.cached_blocks.get(),
-            backing_allocs: self.system_allocs.get(),
-            backing_frees: self.system_frees.get(),
-            refills: 0,
-            spills: 0,
-            overflows: 0,
-            threads: 0,
-        }
-    }
-}
-
-impl Registered for Large {
-    fn stats(&self) -> Option<Stats> {
-        Some(Large::stats(self))
-    }
-
-    fn trim(&self) -> usize {
-        Large::trim(self)
     }
 }
