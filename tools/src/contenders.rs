@@ -1,0 +1,302 @@
+//! The contenders: every allocator and object pool the benchmarks compare, behind one
+//! trait, so that each workload (`super::workloads`) is written once and every contender
+//! runs exactly the same loop.
+//!
+//! Each contender hands out an owning handle for a value of `T` and takes it back. The
+//! trait has a lifetime so that a handle may borrow its contender: a `'static` contender
+//! (leaked, see [`leak`]) for the workloads that cross threads, or proxalloc's
+//! `LocalCache`, which lives only inside a `with_local` call.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::UnsafeCell;
+use std::hint::black_box;
+use std::ptr::NonNull;
+
+use proxalloc::{CacheMode, ClassAllocator, ClassBox, Config, LocalCache};
+
+/// An allocator of `T`s under test, borrowed for `'a`.
+pub trait Contender<'a, T> {
+    type Handle;
+    fn alloc(&'a self, v: T) -> Self::Handle;
+    fn free(&'a self, h: Self::Handle);
+    /// Touches the object (so no contender is measured without using its memory).
+    fn touch(h: &Self::Handle);
+}
+
+/// Leaks a value to get the `'static` reference the handles borrow.
+pub fn leak<T>(v: T) -> &'static T {
+    Box::leak(Box::new(v))
+}
+
+// ---- proxalloc (thread caches, depot only, bypass) ----
+
+pub struct Proxalloc<T: 'static>(pub ClassAllocator<T>);
+
+impl<T: 'static> Proxalloc<T> {
+    pub fn new(mode: CacheMode) -> &'static Self {
+        leak(Proxalloc(ClassAllocator::with_config(
+            "bench",
+            Config::new().mode(mode),
+        )))
+    }
+}
+
+impl<'a, T> Contender<'a, T> for Proxalloc<T> {
+    type Handle = ClassBox<'a, T>;
+    #[inline(always)]
+    fn alloc(&'a self, v: T) -> Self::Handle {
+        self.0.alloc(v)
+    }
+    #[inline(always)]
+    fn free(&'a self, h: Self::Handle) {
+        drop(h)
+    }
+    #[inline(always)]
+    fn touch(h: &Self::Handle) {
+        black_box(&**h);
+    }
+}
+
+/// proxalloc through `with_local`: the cache in hand, no per-operation thread-local
+/// lookup (as an event-loop worker that owns its thread uses it).
+impl<'b, 'a: 'b, T> Contender<'b, T> for LocalCache<'a, T> {
+    type Handle = ClassBox<'a, T>;
+    #[inline(always)]
+    fn alloc(&'b self, v: T) -> Self::Handle {
+        LocalCache::alloc(self, v)
+    }
+    #[inline(always)]
+    fn free(&'b self, h: Self::Handle) {
+        LocalCache::free(self, h)
+    }
+    #[inline(always)]
+    fn touch(h: &Self::Handle) {
+        black_box(&**h);
+    }
+}
+
+/// proxalloc with a one-word handle (the pointer alone; the allocator known from the
+/// contender): the experiment behind "should `ClassBox` drop its allocator reference for
+/// `static` allocators?". Same allocator code, half the handle.
+pub struct ProxallocOneWord<T: 'static>(pub ClassAllocator<T>);
+
+impl<T: 'static> ProxallocOneWord<T> {
+    pub fn new() -> &'static Self {
+        leak(ProxallocOneWord(ClassAllocator::with_config(
+            "bench-one-word",
+            Config::new(),
+        )))
+    }
+}
+
+/// A raw object pointer that may cross threads (it owns a `T`, which is `Send`).
+pub struct OneWord<T>(NonNull<T>);
+// SAFETY: the handle owns its object exclusively, like `Box<T>`; `T` is `Send`.
+unsafe impl<T: Send> Send for OneWord<T> {}
+
+impl<'a, T> Contender<'a, T> for ProxallocOneWord<T> {
+    type Handle = OneWord<T>;
+    #[inline(always)]
+    fn alloc(&'a self, v: T) -> Self::Handle {
+        OneWord(ClassBox::into_raw(self.0.alloc(v)))
+    }
+    #[inline(always)]
+    fn free(&'a self, h: Self::Handle) {
+        // SAFETY: `h` came from `into_raw` on this allocator and is freed once.
+        drop(unsafe { ClassBox::from_raw(&self.0, h.0) })
+    }
+    #[inline(always)]
+    fn touch(h: &Self::Handle) {
+        // SAFETY: the handle owns a live object.
+        black_box(unsafe { h.0.as_ref() });
+    }
+}
+
+// ---- Box under the system allocator (no global allocator is installed) ----
+
+pub struct SystemBox;
+
+impl<'a, T> Contender<'a, T> for SystemBox {
+    type Handle = Box<T>;
+    #[inline(always)]
+    fn alloc(&'a self, v: T) -> Self::Handle {
+        Box::new(v)
+    }
+    #[inline(always)]
+    fn free(&'a self, h: Self::Handle) {
+        drop(h)
+    }
+    #[inline(always)]
+    fn touch(h: &Self::Handle) {
+        black_box(&**h);
+    }
+}
+
+// ---- mimalloc and jemalloc through their GlobalAlloc impls (not installed) ----
+
+/// An owning pointer to a value in memory of some `GlobalAlloc`.
+pub struct RawBox<T>(NonNull<T>);
+// SAFETY: owns its `T` like a `Box`.
+unsafe impl<T: Send> Send for RawBox<T> {}
+
+pub struct ViaGlobal<A: GlobalAlloc>(pub A);
+
+impl<'a, A: GlobalAlloc, T> Contender<'a, T> for ViaGlobal<A> {
+    type Handle = RawBox<T>;
+    #[inline(always)]
+    fn alloc(&'a self, v: T) -> Self::Handle {
+        // SAFETY: non-zero layout; the block gets one value and is freed once in `free`.
+        unsafe {
+            let p = self.0.alloc(Layout::new::<T>()).cast::<T>();
+            let p = NonNull::new(p).expect("out of memory");
+            p.as_ptr().write(v);
+            RawBox(p)
+        }
+    }
+    #[inline(always)]
+    fn free(&'a self, h: Self::Handle) {
+        // SAFETY: allocated in `alloc` with this layout.
+        unsafe { self.0.dealloc(h.0.as_ptr().cast(), Layout::new::<T>()) }
+    }
+    #[inline(always)]
+    fn touch(h: &Self::Handle) {
+        // SAFETY: a live value.
+        black_box(unsafe { h.0.as_ref() });
+    }
+}
+
+// ---- object-pool (Mutex<Vec<T>>) ----
+
+pub struct ObjectPool<T>(pub object_pool::Pool<T>);
+
+impl<'a, T: Default + 'a> Contender<'a, T> for ObjectPool<T> {
+    type Handle = object_pool::Reusable<'a, T>;
+    #[inline(always)]
+    fn alloc(&'a self, v: T) -> Self::Handle {
+        let mut h = self.0.pull(T::default);
+        *h = v;
+        h
+    }
+    #[inline(always)]
+    fn free(&'a self, h: Self::Handle) {
+        drop(h)
+    }
+    #[inline(always)]
+    fn touch(h: &Self::Handle) {
+        black_box(&**h);
+    }
+}
+
+// ---- lockfree-object-pool (LinearObjectPool) ----
+
+pub struct LockfreePool<T>(pub lockfree_object_pool::LinearObjectPool<T>);
+
+impl<'a, T: 'a> Contender<'a, T> for LockfreePool<T> {
+    type Handle = lockfree_object_pool::LinearReusable<'a, T>;
+    #[inline(always)]
+    fn alloc(&'a self, v: T) -> Self::Handle {
+        let mut h = self.0.pull();
+        *h = v;
+        h
+    }
+    #[inline(always)]
+    fn free(&'a self, h: Self::Handle) {
+        drop(h)
+    }
+    #[inline(always)]
+    fn touch(h: &Self::Handle) {
+        black_box(&**h);
+    }
+}
+
+// ---- sharded-slab Pool (keys, released with `clear`) ----
+
+pub struct ShardedSlab<T: sharded_slab::Clear + Default>(pub sharded_slab::Pool<T>);
+
+impl<'a, T: sharded_slab::Clear + Default> Contender<'a, T> for ShardedSlab<T> {
+    type Handle = usize;
+    #[inline(always)]
+    fn alloc(&'a self, v: T) -> Self::Handle {
+        self.0.create_with(|o| *o = v).expect("slab full")
+    }
+    #[inline(always)]
+    fn free(&'a self, h: Self::Handle) {
+        self.0.clear(h);
+    }
+    #[inline(always)]
+    fn touch(h: &Self::Handle) {
+        black_box(*h);
+    }
+}
+
+// ---- crossbeam ArrayQueue<Box<T>> pool ----
+
+/// A bounded queue of boxes: `alloc` pops one (or boxes anew), `free` pushes it back (or
+/// drops it when the queue is full).
+pub struct ArrayQueuePool<T>(pub crossbeam_queue::ArrayQueue<Box<T>>);
+
+impl<'a, T> Contender<'a, T> for ArrayQueuePool<T> {
+    type Handle = Box<T>;
+    #[inline(always)]
+    fn alloc(&'a self, v: T) -> Self::Handle {
+        match self.0.pop() {
+            Some(mut b) => {
+                *b = v;
+                b
+            }
+            None => Box::new(v),
+        }
+    }
+    #[inline(always)]
+    fn free(&'a self, h: Self::Handle) {
+        let _ = self.0.push(h);
+    }
+    #[inline(always)]
+    fn touch(h: &Self::Handle) {
+        black_box(&**h);
+    }
+}
+
+// ---- the lower bound: a thread-local Vec of pointers per size ----
+
+thread_local! {
+    static STACKS: UnsafeCell<[Vec<NonNull<u8>>; 8]> = const { UnsafeCell::new([const { Vec::new() }; 8]) };
+}
+
+/// The floor: a thread-local `Vec` of free pointers per size used as a stack; no
+/// synchronisation, no accounting, no bound, and no shared level (a remote free would
+/// strand the memory on the freeing thread).
+pub struct LowerBound;
+
+fn stack_index(size: usize) -> usize {
+    (size.trailing_zeros() as usize).saturating_sub(5).min(7)
+}
+
+impl<'a, T> Contender<'a, T> for LowerBound {
+    type Handle = RawBox<T>;
+    #[inline(always)]
+    fn alloc(&'a self, v: T) -> Self::Handle {
+        let i = stack_index(size_of::<T>());
+        // SAFETY: this thread's stacks, not borrowed elsewhere.
+        let p = STACKS.with(|s| unsafe { (*s.get())[i].pop() });
+        let p = p.unwrap_or_else(|| {
+            // SAFETY: non-zero layout.
+            NonNull::new(unsafe { System.alloc(Layout::new::<T>()) }).expect("out of memory")
+        });
+        let p = p.cast::<T>();
+        // SAFETY: memory for one value.
+        unsafe { p.as_ptr().write(v) };
+        RawBox(p)
+    }
+    #[inline(always)]
+    fn free(&'a self, h: Self::Handle) {
+        let i = stack_index(size_of::<T>());
+        // SAFETY: this thread's stacks, not borrowed elsewhere.
+        STACKS.with(|s| unsafe { (*s.get())[i].push(h.0.cast()) });
+    }
+    #[inline(always)]
+    fn touch(h: &Self::Handle) {
+        // SAFETY: a live value.
+        black_box(unsafe { h.0.as_ref() });
+    }
+}

@@ -1,0 +1,285 @@
+//! The contenders by name, type-erased: what a run lists, the runner interleaves and
+//! criterion groups. Each name is built in one place (`object_table`, `mix_table`), so a
+//! contender has the same name, peer flag and construction in every bench and tool.
+
+use proxalloc::CacheMode;
+
+use super::contenders::*;
+use super::workloads::{w1, w2, w3, w4, w5, w5_two, Mix, Obj, Object};
+
+/// The peer suite (`peers`, `peers_interleaved`): every contender but `proxalloc-local`
+/// (whose cache is one thread's), the floor first.
+pub const PEER_SUITE: [&str; 12] = [
+    "lower-bound",
+    "proxalloc",
+    "proxalloc-depot-only",
+    "proxalloc-one-word",
+    "proxalloc-bypass",
+    "box-system",
+    "mimalloc",
+    "jemalloc",
+    "object-pool",
+    "lockfree-object-pool",
+    "sharded-slab",
+    "arrayqueue-pool",
+];
+
+/// The W5 request mix's contenders (the suite but the one-word handle).
+pub const MIX_SUITE: [&str; 11] = [
+    "lower-bound",
+    "proxalloc",
+    "proxalloc-depot-only",
+    "proxalloc-bypass",
+    "box-system",
+    "mimalloc",
+    "jemalloc",
+    "object-pool",
+    "lockfree-object-pool",
+    "sharded-slab",
+    "arrayqueue-pool",
+];
+
+/// The fast-path runs (`class_alloc`, `interleaved`): proxalloc's paths (thread-local
+/// lookup, `with_local`, depot only) between the floor and the two general allocators.
+pub const FAST_PATH: [&str; 6] = [
+    "lower-bound",
+    "proxalloc",
+    "proxalloc-local",
+    "proxalloc-depot-only",
+    "box-system",
+    "mimalloc",
+];
+
+/// A workload of one object size and its size parameter.
+#[derive(Clone, Copy, Debug)]
+pub enum Work {
+    W1(u64),
+    W2(u64),
+    W3(u64),
+    W4(u64),
+}
+
+/// One contender, type-erased: runs a workload, returns ns per object (`None` where the
+/// workload does not apply to it).
+pub struct Entry {
+    pub name: &'static str,
+    /// A peer (another project's allocator or pool), not proxalloc or the floor: the
+    /// tables' "vs best peer" is against the best of these.
+    pub peer: bool,
+    pub run: Box<dyn Fn(Work) -> Option<f64>>,
+}
+
+/// An entry for a `'static` contender; `remote`: whether it takes W4's frees from
+/// another thread.
+fn entry<O: Object, C>(name: &'static str, peer: bool, remote: bool, c: &'static C) -> Entry
+where
+    C: Contender<'static, O> + Sync,
+    C::Handle: Send,
+{
+    let run = move |w| {
+        Some(match w {
+            Work::W1(n) => w1(c, n, O::new),
+            Work::W2(n) => w2(c, n, O::new),
+            Work::W3(n) => w3(c, n, O::new),
+            Work::W4(n) if remote => w4(c, n, O::new),
+            Work::W4(_) => return None,
+        })
+    };
+    Entry {
+        name,
+        peer,
+        run: Box::new(run),
+    }
+}
+
+type Make = fn(&'static str) -> Entry;
+
+/// Every object contender for objects of type `O`: its name and how to build it.
+fn object_table<O: Object>() -> [(&'static str, Make); 13] {
+    [
+        // No shared level: a remote free would strand memory on the freeing thread.
+        ("lower-bound", |n| {
+            entry::<O, _>(n, false, false, leak(LowerBound))
+        }),
+        ("proxalloc", |n| {
+            entry::<O, _>(n, false, true, Proxalloc::<O>::new(CacheMode::ThreadCaches))
+        }),
+        ("proxalloc-local", |n| {
+            let p = Proxalloc::<O>::new(CacheMode::ThreadCaches);
+            // The cache is this thread's: the workloads on two threads do not apply.
+            let run = move |w| match w {
+                Work::W1(k) => Some(p.0.with_local(|c| w1(c, k, O::new))),
+                Work::W2(k) => Some(p.0.with_local(|c| w2(c, k, O::new))),
+                Work::W3(_) | Work::W4(_) => None,
+            };
+            Entry {
+                name: n,
+                peer: false,
+                run: Box::new(run),
+            }
+        }),
+        ("proxalloc-depot-only", |n| {
+            entry::<O, _>(n, false, true, Proxalloc::<O>::new(CacheMode::DepotOnly))
+        }),
+        ("proxalloc-one-word", |n| {
+            entry::<O, _>(n, false, true, ProxallocOneWord::<O>::new())
+        }),
+        ("proxalloc-bypass", |n| {
+            entry::<O, _>(n, false, true, Proxalloc::<O>::new(CacheMode::Bypass))
+        }),
+        ("box-system", |n| {
+            entry::<O, _>(n, true, true, leak(SystemBox))
+        }),
+        ("mimalloc", |n| {
+            entry::<O, _>(n, true, true, leak(ViaGlobal(mimalloc::MiMalloc)))
+        }),
+        ("jemalloc", |n| {
+            entry::<O, _>(n, true, true, leak(ViaGlobal(tikv_jemallocator::Jemalloc)))
+        }),
+        ("object-pool", |n| {
+            let p = object_pool::Pool::new(0, O::default);
+            entry::<O, _>(n, true, true, leak(ObjectPool(p)))
+        }),
+        ("lockfree-object-pool", |n| {
+            let p = lockfree_object_pool::LinearObjectPool::new(O::default, |_| {});
+            entry::<O, _>(n, true, true, leak(LockfreePool(p)))
+        }),
+        ("sharded-slab", |n| {
+            entry::<O, _>(
+                n,
+                true,
+                true,
+                leak(ShardedSlab(sharded_slab::Pool::<O>::new())),
+            )
+        }),
+        ("arrayqueue-pool", |n| {
+            let q = crossbeam_queue::ArrayQueue::<Box<O>>::new(4096);
+            entry::<O, _>(n, true, true, leak(ArrayQueuePool(q)))
+        }),
+    ]
+}
+
+/// The object contender called `name` for objects of type `O`, if there is one.
+pub fn contender<O: Object>(name: &str) -> Option<Entry> {
+    let (name, make) = object_table::<O>().into_iter().find(|(n, _)| *n == name)?;
+    Some(make(name))
+}
+
+/// The named contenders for objects of type `O`, in the order given.
+pub fn contenders<O: Object>(names: &[&str]) -> Vec<Entry> {
+    names
+        .iter()
+        .map(|n| contender::<O>(n).unwrap_or_else(|| panic!("no contender {n:?}")))
+        .collect()
+}
+
+/// One W5 contender: `(two_threads, requests) -> ns per request`.
+pub struct MixEntry {
+    pub name: &'static str,
+    pub peer: bool,
+    pub run: Box<dyn Fn(bool, u64) -> f64>,
+}
+
+type MakeMix = fn(&'static str) -> MixEntry;
+
+/// Every W5 contender: its name and how to build it (one allocator per object size).
+fn mix_table() -> [(&'static str, MakeMix); 11] {
+    // `$make` builds the allocator for `$n`-byte objects; contenders that serve every
+    // size with one value (`leak(SystemBox)`) do not name `$n`, hence the `allow`.
+    macro_rules! mix {
+        ($peer:expr, |$n:ident| $make:expr) => {
+            |name| {
+                let m = leak(Mix {
+                    k2: {
+                        #[allow(dead_code)]
+                        const $n: usize = 2048;
+                        $make
+                    },
+                    b512: {
+                        #[allow(dead_code)]
+                        const $n: usize = 512;
+                        $make
+                    },
+                    k1: {
+                        #[allow(dead_code)]
+                        const $n: usize = 1024;
+                        $make
+                    },
+                    b128: {
+                        #[allow(dead_code)]
+                        const $n: usize = 128;
+                        $make
+                    },
+                });
+                MixEntry {
+                    name,
+                    peer: $peer,
+                    run: Box::new(move |two, n| if two { w5_two(m, n) } else { w5(m, n) }),
+                }
+            }
+        };
+    }
+    [
+        ("lower-bound", mix!(false, |N| leak(LowerBound))),
+        (
+            "proxalloc",
+            mix!(false, |N| Proxalloc::<Obj<N>>::new(CacheMode::ThreadCaches)),
+        ),
+        (
+            "proxalloc-depot-only",
+            mix!(false, |N| Proxalloc::<Obj<N>>::new(CacheMode::DepotOnly)),
+        ),
+        (
+            "proxalloc-bypass",
+            mix!(false, |N| Proxalloc::<Obj<N>>::new(CacheMode::Bypass)),
+        ),
+        ("box-system", mix!(true, |N| leak(SystemBox))),
+        (
+            "mimalloc",
+            mix!(true, |N| leak(ViaGlobal(mimalloc::MiMalloc))),
+        ),
+        (
+            "jemalloc",
+            mix!(true, |N| leak(ViaGlobal(tikv_jemallocator::Jemalloc))),
+        ),
+        (
+            "object-pool",
+            mix!(true, |N| leak(ObjectPool(object_pool::Pool::new(
+                0,
+                Obj::<N>::default
+            )))),
+        ),
+        (
+            "lockfree-object-pool",
+            mix!(true, |N| leak(LockfreePool(
+                lockfree_object_pool::LinearObjectPool::new(Obj::<N>::default, |_| {})
+            ))),
+        ),
+        (
+            "sharded-slab",
+            mix!(true, |N| leak(ShardedSlab(
+                sharded_slab::Pool::<Obj<N>>::new()
+            ))),
+        ),
+        (
+            "arrayqueue-pool",
+            mix!(true, |N| leak(ArrayQueuePool(
+                crossbeam_queue::ArrayQueue::<Box<Obj<N>>>::new(4096)
+            ))),
+        ),
+    ]
+}
+
+/// The W5 contender called `name`, if there is one.
+pub fn mix(name: &str) -> Option<MixEntry> {
+    let (name, make) = mix_table().into_iter().find(|(n, _)| *n == name)?;
+    Some(make(name))
+}
+
+/// The named W5 contenders, in the order given.
+pub fn mixes(names: &[&str]) -> Vec<MixEntry> {
+    names
+        .iter()
+        .map(|n| mix(n).unwrap_or_else(|| panic!("no W5 contender {n:?}")))
+        .collect()
+}

@@ -1,0 +1,269 @@
+//! The interleaved runner: every round runs one sample of every cell (a contender on a
+//! workload) in turn, so that the machine's changes of state (the shared 2-core box
+//! switches between a fast and a slow state) hit all of them alike, and ratios are taken
+//! within one run. Round 0 only warms up. A table then reports, per workload, the minimum
+//! over the samples for single-thread work (the run least disturbed) and the median for
+//! multi-thread work (whose spread comes from scheduling, not from the code), with the
+//! ratio to a baseline row and, when the run has peers, to the best peer. Tables are
+//! markdown; `--csv PATH` also writes them as CSV.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// A run's command line: `[rounds] [--csv PATH]`, in any order. Other arguments are
+/// ignored: `cargo bench` passes `--bench` to every bench binary.
+pub struct Args {
+    pub rounds: usize,
+    pub csv: Option<PathBuf>,
+}
+
+impl Args {
+    pub fn parse(default_rounds: usize) -> Args {
+        let mut args = std::env::args().skip(1);
+        let mut rounds = None;
+        let mut csv = None;
+        while let Some(a) = args.next() {
+            if a == "--csv" {
+                csv = Some(PathBuf::from(args.next().expect("--csv PATH")));
+            } else if rounds.is_none() {
+                rounds = a.parse().ok();
+            }
+        }
+        Args {
+            rounds: rounds.unwrap_or(default_rounds),
+            csv,
+        }
+    }
+}
+
+/// Runs `f` and returns its wall time in nanoseconds per operation, for `ops` operations.
+pub fn time_per(ops: f64, f: impl FnOnce()) -> f64 {
+    let start = Instant::now();
+    f();
+    start.elapsed().as_nanos() as f64 / ops
+}
+
+/// How a table sums up a cell's samples.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Stat {
+    /// Single-thread work: the least disturbed sample.
+    Min,
+    /// Multi-thread work: the middle sample.
+    Median,
+}
+
+impl Stat {
+    fn of(self, samples: &[f64]) -> f64 {
+        let mut s = samples.to_vec();
+        s.sort_by(f64::total_cmp);
+        match self {
+            Stat::Min => s[0],
+            Stat::Median => s[s.len() / 2],
+        }
+    }
+
+    fn word(self) -> &'static str {
+        match self {
+            Stat::Min => "min",
+            Stat::Median => "median",
+        }
+    }
+}
+
+/// A table: the cells of one workload.
+struct Table {
+    workload: String,
+    unit: &'static str,
+    stat: Stat,
+    /// The row the ratios are taken against.
+    baseline: &'static str,
+}
+
+/// A contender on a workload: `run` takes one sample, in the table's unit (`None` where
+/// the workload does not apply to the contender: it gets no row).
+struct Cell<'a> {
+    table: usize,
+    name: &'static str,
+    peer: bool,
+    run: Box<dyn FnMut() -> Option<f64> + 'a>,
+    samples: Vec<f64>,
+}
+
+/// One interleaved run: tables, their cells, then `run`, then `print` and `write_csv`.
+pub struct Runner<'a> {
+    /// The ratio column's heading after "vs " ("lower bound", "proxalloc").
+    baseline_label: &'static str,
+    tables: Vec<Table>,
+    cells: Vec<Cell<'a>>,
+    rounds: usize,
+}
+
+/// A table's identity, for [`Runner::cell`].
+#[derive(Clone, Copy)]
+pub struct TableId(usize);
+
+impl<'a> Runner<'a> {
+    pub fn new(baseline_label: &'static str) -> Self {
+        Runner {
+            baseline_label,
+            tables: Vec::new(),
+            cells: Vec::new(),
+            rounds: 0,
+        }
+    }
+
+    /// A table for `workload`, its samples in `unit`, summed up by `stat`, with ratios
+    /// against the row called `baseline` ("—" where it has none).
+    pub fn table(
+        &mut self,
+        workload: impl Into<String>,
+        unit: &'static str,
+        stat: Stat,
+        baseline: &'static str,
+    ) -> TableId {
+        self.tables.push(Table {
+            workload: workload.into(),
+            unit,
+            stat,
+            baseline,
+        });
+        TableId(self.tables.len() - 1)
+    }
+
+    /// A cell of `table`. Cells run in the order they are added, every round.
+    pub fn cell(
+        &mut self,
+        table: TableId,
+        name: &'static str,
+        peer: bool,
+        run: impl FnMut() -> Option<f64> + 'a,
+    ) {
+        self.cells.push(Cell {
+            table: table.0,
+            name,
+            peer,
+            run: Box::new(run),
+            samples: Vec::new(),
+        });
+    }
+
+    /// Round 0 (warm-up, not kept), then `rounds` rounds of one sample per cell.
+    pub fn run(&mut self, rounds: usize) {
+        self.rounds = rounds;
+        for round in 0..=rounds {
+            for c in &mut self.cells {
+                if let Some(x) = (c.run)() {
+                    if round > 0 {
+                        c.samples.push(x);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Each table: its rows (name, figure, peer), its baseline's figure, the best peer's.
+    #[allow(clippy::type_complexity)]
+    fn summaries(&self) -> Vec<(&Table, Vec<(&'static str, f64)>, Option<f64>, Option<f64>)> {
+        let mut out = Vec::new();
+        for (i, t) in self.tables.iter().enumerate() {
+            let cells: Vec<&Cell> = self
+                .cells
+                .iter()
+                .filter(|c| c.table == i && !c.samples.is_empty())
+                .collect();
+            if cells.is_empty() {
+                continue;
+            }
+            let rows: Vec<(&'static str, f64)> = cells
+                .iter()
+                .map(|c| (c.name, t.stat.of(&c.samples)))
+                .collect();
+            let base = rows.iter().find(|r| r.0 == t.baseline).map(|r| r.1);
+            let best = cells
+                .iter()
+                .zip(&rows)
+                .filter(|(c, _)| c.peer)
+                .map(|(_, r)| r.1)
+                .reduce(f64::min);
+            out.push((t, rows, base, best));
+        }
+        out
+    }
+
+    /// Whether any cell is a peer (then the tables have a "vs best peer" column).
+    fn has_peers(&self) -> bool {
+        self.cells.iter().any(|c| c.peer)
+    }
+
+    /// The tables, as markdown, on stdout.
+    pub fn print(&self) {
+        let peers = self.has_peers();
+        for (t, rows, base, best) in self.summaries() {
+            let mut columns = vec!["contender", t.unit];
+            let vs = format!("vs {}", self.baseline_label);
+            columns.push(&vs);
+            if peers {
+                columns.push("vs best peer");
+            }
+            println!(
+                "\n{} ({} of {} interleaved samples, {})",
+                t.workload,
+                t.stat.word(),
+                self.rounds,
+                t.unit
+            );
+            print!("{}", header(&columns));
+            for (name, x) in rows {
+                let ratio =
+                    |of: Option<f64>| of.map_or("—".to_string(), |b| format!("{:.2}x", x / b));
+                print!("| {name} | {x:.2} | {}", ratio(base));
+                if peers {
+                    print!(" | {}", ratio(best));
+                }
+                println!(" |");
+            }
+        }
+    }
+
+    /// The tables as CSV: `workload,contender,ns,vs_<baseline>,vs_best_peer` (a ratio
+    /// left empty where its row is missing).
+    pub fn csv(&self) -> String {
+        let mut csv = format!(
+            "workload,contender,ns,vs_{},vs_best_peer\n",
+            self.baseline_label.replace(' ', "_")
+        );
+        for (t, rows, base, best) in self.summaries() {
+            for (name, x) in rows {
+                let ratio = |of: Option<f64>| of.map_or(String::new(), |b| format!("{:.3}", x / b));
+                let _ = writeln!(
+                    csv,
+                    "\"{}\",{name},{x:.3},{},{}",
+                    t.workload,
+                    ratio(base),
+                    ratio(best)
+                );
+            }
+        }
+        csv
+    }
+
+    /// Writes [`Runner::csv`] to `path`, creating its folder.
+    pub fn write_csv(&self, path: &Path) {
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        std::fs::write(path, self.csv())
+            .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    }
+}
+
+/// A markdown table's heading: the first column left-aligned, the figures right-aligned.
+pub fn header(columns: &[&str]) -> String {
+    let mut s = format!("| {} |\n| --- |", columns.join(" | "));
+    for _ in 1..columns.len() {
+        s.push_str(" ---: |");
+    }
+    s.push('\n');
+    s
+}

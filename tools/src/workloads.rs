@@ -1,0 +1,362 @@
+//! The workloads, each written once: W1–W5 and the spike over any object `Contender`,
+//! W6, W7 and the create-use-drop loop over any byte `Arena`.
+//!
+//! W1–W5 time themselves and return nanoseconds per object (per request for W5): the
+//! two-thread ones must start the clock after their threads meet at a barrier. W6, W7 and
+//! the spike do not (W6 runs bare under callgrind, W7 and the spike measure memory): their
+//! callers time or measure them.
+
+use std::alloc::Layout;
+use std::hint::black_box;
+use std::sync::{mpsc, Barrier};
+use std::time::Instant;
+
+use super::arenas::Arena;
+use super::contenders::Contender;
+
+/// The N-byte object of W1–W5: zeroes, the index in the first 8 bytes and in the last
+/// byte, built by every contender with the same constructor and passed by value.
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+pub struct Obj<const N: usize>(pub [u8; N]);
+
+impl<const N: usize> Obj<N> {
+    #[inline(always)]
+    pub fn new(i: u64) -> Self {
+        let mut o = Obj([0; N]);
+        o.0[..8].copy_from_slice(&i.to_le_bytes());
+        o.0[N - 1] = i as u8;
+        o
+    }
+}
+
+impl<const N: usize> Default for Obj<N> {
+    fn default() -> Self {
+        Obj([0; N])
+    }
+}
+
+impl<const N: usize> sharded_slab::Clear for Obj<N> {
+    fn clear(&mut self) {}
+}
+
+/// The 64-byte object of the fast-path benches (`class_alloc`, `interleaved`): eight
+/// words, each the index, built with one broadcast (`Obj<64>` is zeroes and two stores).
+/// Those benches' figures in `docs/benchmarks.md` are for this object, and how a value is
+/// built decides whether the compiler builds it in place or copies it (`docs/design.md`,
+/// "No atomics on the fast path"), so they keep it.
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+pub struct Words(pub [u64; 8]);
+
+impl Words {
+    #[inline(always)]
+    pub fn new(i: u64) -> Self {
+        Words([i; 8])
+    }
+}
+
+impl sharded_slab::Clear for Words {
+    fn clear(&mut self) {}
+}
+
+/// An object of the workloads: built from its index, with what every contender needs
+/// (object-pool and sharded-slab keep default values).
+pub trait Object: Copy + Default + Send + Sync + sharded_slab::Clear + 'static {
+    fn new(i: u64) -> Self;
+}
+
+impl<const N: usize> Object for Obj<N> {
+    #[inline(always)]
+    fn new(i: u64) -> Self {
+        Obj::new(i)
+    }
+}
+
+impl Object for Words {
+    #[inline(always)]
+    fn new(i: u64) -> Self {
+        Words::new(i)
+    }
+}
+
+/// Live objects per round of W2 (and W3).
+pub const BATCH: u64 = 1024;
+
+/// W1: `iters` alloc/write/free pairs on this thread (ns per pair).
+///
+/// `inline(always)` (W2 too): for `proxalloc-local` the loop must land inside the
+/// `with_local` closure, where the cache's alloc path is inlined into it, as it was when
+/// each bench wrote its own loop. As a function of its own, `LocalCache::alloc_with`
+/// stayed a call and the pair took 7.5 ns instead of 3.2. The peer suite's code is the
+/// same either way (callgrind, `suite_profile`).
+#[inline(always)]
+pub fn w1<'a, T, C>(c: &'a C, iters: u64, make: impl Fn(u64) -> T + Copy + Send + Sync) -> f64
+where
+    C: Contender<'a, T>,
+{
+    let t = Instant::now();
+    for i in 0..iters {
+        let h = c.alloc(make(i));
+        C::touch(&h);
+        c.free(h);
+    }
+    t.elapsed().as_nanos() as f64 / iters as f64
+}
+
+/// W2: `rounds` of [`BATCH`] live objects, touched, then all freed (ns per object).
+#[inline(always)]
+pub fn w2<'a, T, C>(c: &'a C, rounds: u64, make: impl Fn(u64) -> T + Copy + Send + Sync) -> f64
+where
+    C: Contender<'a, T>,
+{
+    let mut live = Vec::with_capacity(BATCH as usize);
+    let t = Instant::now();
+    for r in 0..rounds {
+        for i in 0..BATCH {
+            live.push(c.alloc(make(r ^ i)));
+        }
+        for h in &live {
+            C::touch(h);
+        }
+        for h in live.drain(..) {
+            c.free(h);
+        }
+    }
+    t.elapsed().as_nanos() as f64 / (rounds * BATCH) as f64
+}
+
+/// W3: two threads each doing W2 on the same allocator (aggregate ns per object).
+pub fn w3<T, C>(c: &'static C, rounds: u64, make: impl Fn(u64) -> T + Copy + Send + Sync) -> f64
+where
+    C: Contender<'static, T> + Sync,
+{
+    let barrier = Barrier::new(2);
+    let t = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    let start = Instant::now();
+                    w2(c, rounds, make);
+                    start.elapsed()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+    });
+    t.as_nanos() as f64 / (2 * rounds * BATCH) as f64
+}
+
+/// W4: thread A allocates and sends batches of 64 over a bounded channel (capacity 4);
+/// thread B frees them (ns per object).
+pub fn w4<T, C>(c: &'static C, batches: u64, make: impl Fn(u64) -> T + Copy + Send + Sync) -> f64
+where
+    C: Contender<'static, T> + Sync,
+    C::Handle: Send,
+{
+    let (tx, rx) = mpsc::sync_channel::<Vec<C::Handle>>(4);
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            for b in 0..batches {
+                tx.send((0..64).map(|i| c.alloc(make(b ^ i))).collect())
+                    .unwrap();
+            }
+        });
+        s.spawn(move || {
+            for batch in rx {
+                for h in batch {
+                    C::touch(&h);
+                    c.free(h);
+                }
+            }
+        });
+    });
+    t.elapsed().as_nanos() as f64 / (batches * 64) as f64
+}
+
+/// The allocators of one W5 contender: one per object size of the request mix.
+pub struct Mix<C2: 'static, C5: 'static, C1: 'static, C128: 'static> {
+    pub k2: &'static C2,
+    pub b512: &'static C5,
+    pub k1: &'static C1,
+    pub b128: &'static C128,
+}
+
+/// W5: `requests` requests, each allocating 4×2 KiB, 3×512 B, 2×128 B and 1×1 KiB
+/// objects, touching and freeing them all (ns per request).
+pub fn w5<C2, C5, C1, C128>(m: &Mix<C2, C5, C1, C128>, requests: u64) -> f64
+where
+    C2: Contender<'static, Obj<2048>>,
+    C5: Contender<'static, Obj<512>>,
+    C1: Contender<'static, Obj<1024>>,
+    C128: Contender<'static, Obj<128>>,
+{
+    let t = Instant::now();
+    for r in 0..requests {
+        let a: [C2::Handle; 4] = std::array::from_fn(|i| m.k2.alloc(Obj::new(r ^ i as u64)));
+        let b: [C5::Handle; 3] = std::array::from_fn(|i| m.b512.alloc(Obj::new(r ^ i as u64)));
+        let c: [C128::Handle; 2] = std::array::from_fn(|i| m.b128.alloc(Obj::new(r ^ i as u64)));
+        let d = m.k1.alloc(Obj::new(r));
+        a.iter().for_each(C2::touch);
+        b.iter().for_each(C5::touch);
+        c.iter().for_each(C128::touch);
+        C1::touch(&d);
+        a.into_iter().for_each(|h| m.k2.free(h));
+        b.into_iter().for_each(|h| m.b512.free(h));
+        c.into_iter().for_each(|h| m.b128.free(h));
+        m.k1.free(d);
+    }
+    t.elapsed().as_nanos() as f64 / requests as f64
+}
+
+/// W5 on two threads at once (aggregate ns per request).
+pub fn w5_two<C2, C5, C1, C128>(m: &Mix<C2, C5, C1, C128>, requests: u64) -> f64
+where
+    C2: Contender<'static, Obj<2048>> + Sync,
+    C5: Contender<'static, Obj<512>> + Sync,
+    C1: Contender<'static, Obj<1024>> + Sync,
+    C128: Contender<'static, Obj<128>> + Sync,
+{
+    let barrier = Barrier::new(2);
+    let t = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    let start = Instant::now();
+                    w5(m, requests);
+                    start.elapsed()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+    });
+    t.as_nanos() as f64 / (2 * requests) as f64
+}
+
+/// The spike: `live` objects allocated and held, `measure` called, all freed, `measure`
+/// called again. Returns the two measurements (at the spike, after the free).
+pub fn spike<'a, T, C, M>(
+    c: &'a C,
+    live: u64,
+    make: impl Fn(u64) -> T,
+    measure: impl Fn() -> M,
+) -> (M, M)
+where
+    C: Contender<'a, T>,
+{
+    let held: Vec<C::Handle> = (0..live).map(|i| c.alloc(make(i))).collect();
+    black_box(&held);
+    let at_spike = measure();
+    for h in held {
+        c.free(h);
+    }
+    (at_spike, measure())
+}
+
+/// Allocations per W6 round.
+pub const W6_ALLOCS: usize = 200;
+/// W6 rounds per call of [`w6`] (one timed sample).
+pub const W6_ROUNDS: usize = 50;
+
+/// The W6 sizes: [`W6_ALLOCS`] sizes of 8..=256 bytes, a fixed pseudo-random sequence.
+/// A type of its own, so that the workloads know every size is non-zero.
+pub struct W6Sizes(Vec<usize>);
+
+impl W6Sizes {
+    pub fn new() -> Self {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        W6Sizes(
+            (0..W6_ALLOCS)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    8 + (x % 249) as usize
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Default for W6Sizes {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// W6: [`W6_ROUNDS`] rounds of one allocation per size in `sizes` (one byte written to
+/// each), then clear.
+pub fn w6<A: Arena>(a: &mut A, sizes: &W6Sizes) {
+    for _ in 0..W6_ROUNDS {
+        for &s in &sizes.0 {
+            // SAFETY: `s` is at least 8 (`W6Sizes`).
+            let p = unsafe { a.alloc(Layout::from_size_align(s, 8).unwrap()) };
+            // SAFETY: `s` bytes of fresh arena memory.
+            unsafe { p.write(s as u8) };
+            black_box(p);
+        }
+        a.clear();
+    }
+}
+
+/// Create, use, drop: `iters` times a fresh arena from `new`, one allocation per size in
+/// `sizes`, then the arena dropped.
+pub fn create_use_drop<A: Arena>(new: fn() -> A, sizes: &W6Sizes, iters: usize) {
+    for _ in 0..iters {
+        let mut a = new();
+        for &s in &sizes.0 {
+            // SAFETY: `s` is at least 8 (`W6Sizes`).
+            black_box(unsafe { a.alloc(Layout::from_size_align(s, 8).unwrap()) });
+        }
+    }
+}
+
+/// W7 iterations (the Subversion pattern).
+pub const W7_ITERATIONS: u64 = 200_000;
+
+/// The W7 buffer sizes of iteration `i`: 1–8 buffers of 1–64 KiB, plus 1 MiB every
+/// 1000th iteration (`rng` is the sequence's state, carried across iterations).
+fn w7_buffers(i: u64, rng: &mut u64) -> Vec<usize> {
+    let mut next = || {
+        *rng ^= *rng << 13;
+        *rng ^= *rng >> 7;
+        *rng ^= *rng << 17;
+        *rng
+    };
+    let n = 1 + next() % 8;
+    let mut v: Vec<usize> = (0..n)
+        .map(|_| 1024 + (next() % (63 * 1024)) as usize)
+        .collect();
+    if i % 1000 == 999 {
+        v.push(1 << 20);
+    }
+    v
+}
+
+/// Writes one byte per page, so the memory is really resident.
+fn touch_pages(p: *mut u8, len: usize) {
+    for off in (0..len).step_by(4096) {
+        // SAFETY: `p` is valid for `len` bytes.
+        unsafe { p.add(off).write(1) };
+    }
+    black_box(p);
+}
+
+/// W7: [`W7_ITERATIONS`] iterations, each allocating its buffers (one byte written per
+/// page) into the arena and clearing it.
+pub fn w7<A: Arena>(a: &mut A) {
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    for i in 0..W7_ITERATIONS {
+        for len in w7_buffers(i, &mut rng) {
+            // SAFETY: `len` is at least 1 KiB.
+            touch_pages(
+                unsafe { a.alloc(Layout::from_size_align(len, 8).unwrap()) },
+                len,
+            );
+        }
+        a.clear();
+    }
+}
