@@ -5,17 +5,17 @@
 //! 2 KiB, 8 KiB), free them, and block. The main thread reports RSS and the bytes that
 //! proxalloc caches (in threads, in depots, granted from the process-wide thread-cache
 //! budget), calls `trim_all`, reports again, then lets the threads exit. The same program
-//! runs with every object going to the system allocator (`--system`), in a fresh process.
+//! runs with every object going to the system allocator (`--one system`), in a fresh process.
 //!
 //! ```sh
-//! cargo run --release --example idle_threads            # both modes, a table
-//! cargo run --release --example idle_threads -- --one caches|system
+//! cargo run --release -p proxalloc-tools --bin idle_threads            # both modes, a table
+//! cargo run --release -p proxalloc-tools --bin idle_threads -- --one caches|system
 //! ```
 
-use std::process::Command;
 use std::sync::{Arc, Barrier};
 
 use proxalloc::{CacheMode, ClassAllocator, Config};
+use proxalloc_tools::rss::{fresh_process, rss_kib};
 
 const THREADS: usize = 256;
 const BURST: usize = 200;
@@ -72,15 +72,6 @@ impl Four {
             .sum::<u64>();
         (threads >> 10, depots >> 10)
     }
-}
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 /// One mode in this process: prints one line of `key=value` figures.
@@ -145,10 +136,7 @@ fn main() {
         "exit RSS"
     );
     for mode in ["caches", "system"] {
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["--one", mode])
-            .output()
-            .expect("run a mode");
+        let out = fresh_process(&["--one", mode]);
         let line = String::from_utf8_lossy(&out.stdout);
         let get = |k: &str| -> String {
             line.split_whitespace()

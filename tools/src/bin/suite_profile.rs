@@ -1,17 +1,18 @@
-//! Runs one workload of the peer suite (`benches/suite`) for one contender, for profiling
-//! with `valgrind --tool=callgrind` or `perf`:
+//! Runs one workload of the peer suite for one contender, for profiling with
+//! `valgrind --tool=callgrind` or `perf`:
 //!
 //! ```sh
-//! cargo build --release --example suite_profile
+//! cargo build --release -p proxalloc-tools --bin suite_profile
 //! valgrind --tool=callgrind --callgrind-out-file=/dev/null \
-//!     target/release/examples/suite_profile proxalloc w1 1000000
+//!     target/release/suite_profile proxalloc w1 1000000
 //! ```
-//! Arguments: contender name (as in the suite's tables), `w1`, `w2` or `w5`, and the
-//! iteration count (pairs, rounds of 1024, or requests). Subtract a run with count 0 to
-//! get the per-iteration instruction count.
-#[path = "../benches/suite/mod.rs"]
-mod suite;
-use suite::contenders::{contenders, mixes, Work};
+//! Arguments: contender name (as in the suite's tables), `w1`, `w2`, `w3`, `w4` (64-byte
+//! objects) or `w5`, and the iteration count (pairs, rounds of 1024, batches of 64, or
+//! requests). Subtract a run with count 0 to get the per-iteration instruction count.
+//! With `STATS` in the environment it also prints proxalloc's stats dump at the end.
+
+use proxalloc_tools::lineup::{contender, mix, Work};
+use proxalloc_tools::workloads::Obj;
 
 fn main() {
     let mut a = std::env::args().skip(1);
@@ -19,19 +20,13 @@ fn main() {
     let work = a.next().unwrap_or_else(|| "w1".into());
     let n: u64 = a.next().and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
     if work == "w5" {
-        let m = mixes()
-            .into_iter()
-            .find(|m| m.name == name)
-            .expect("contender");
+        let m = mix(&name).expect("contender");
         (m.run)(false, 100);
         let ns = (m.run)(false, n);
         println!("{name} w5: {ns:.2} ns/request");
         return;
     }
-    let c = contenders::<64>()
-        .into_iter()
-        .find(|c| c.name == name)
-        .expect("contender");
+    let c = contender::<Obj<64>>(&name).expect("contender");
     let w = match work.as_str() {
         "w1" => Work::W1(n),
         "w2" => Work::W2(n),
@@ -44,7 +39,7 @@ fn main() {
         _ => Work::W2(1),
     };
     (c.run)(warm);
-    let ns = (c.run)(w).unwrap();
+    let ns = (c.run)(w).expect("the workload applies to this contender");
     println!("{name} {work}: {ns:.2} ns/object");
     if std::env::var_os("STATS").is_some() {
         proxalloc::stats::dump(&mut std::io::stdout()).expect("stdout");
