@@ -7,11 +7,16 @@
 //! - box-mimalloc: `Box<Headers>` with mimalloc as the global allocator (installed in
 //!   this bench binary, so every string of every contender comes from mimalloc).
 //!
-//! Interleaved samples; reports the minimum time per request.
-//! `cargo bench --bench recycle -- [rounds]`
+//! Interleaved samples (the harness's runner); reports the minimum time per request.
+//! `cargo bench --bench recycle -- [rounds] [--csv PATH]` (default 200 rounds)
+
+#[allow(dead_code)]
+#[path = "../tools/src/lib.rs"]
+mod harness;
 
 use std::hint::black_box;
-use std::time::Instant;
+
+use harness::runner::{time_per, Args, Runner, Stat};
 
 use proxalloc::{ClassAllocator, Recycle, RecyclingAllocator};
 
@@ -123,30 +128,25 @@ fn box_mimalloc() {
 }
 
 fn main() {
-    let rounds: usize = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(200);
+    let args = Args::parse(200);
+    let mut run = Runner::new("recycle");
+    let t = run.table(
+        "request headers, 20 (String, String) fields",
+        "ns/request",
+        Stat::Min,
+        "recycle",
+    );
     let contenders: [(&str, fn()); 3] = [
         ("recycle", recycle),
         ("drop-and-allocate", drop_and_allocate),
         ("box-mimalloc", box_mimalloc),
     ];
-    let mut best = [f64::INFINITY; 3];
-    for (_, f) in &contenders {
-        f();
+    for (name, f) in contenders {
+        run.cell(t, name, false, move || Some(time_per(REQUESTS as f64, f)));
     }
-    for _ in 0..rounds {
-        for (i, (_, f)) in contenders.iter().enumerate() {
-            let start = Instant::now();
-            f();
-            best[i] = best[i].min(start.elapsed().as_nanos() as f64 / REQUESTS as f64);
-        }
-    }
-    println!("request headers, 20 (String, String) fields (min of {rounds} interleaved samples)");
-    println!("| contender | ns/request | vs recycle |");
-    println!("| --- | ---: | ---: |");
-    for (i, (name, _)) in contenders.iter().enumerate() {
-        println!("| {name} | {:.1} | {:.2}x |", best[i], best[i] / best[0]);
+    run.run(args.rounds);
+    run.print();
+    if let Some(path) = &args.csv {
+        run.write_csv(path);
     }
 }
