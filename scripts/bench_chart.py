@@ -19,7 +19,8 @@ GROUPS = [
     "w3-two-threads-64B", "w4-remote-free-64B",
     "w5-request-mix-1-thread", "w5-request-mix-2-threads",
 ]
-# The contenders of benches/peers.rs (other benches may share a group name).
+# The contenders of the peer suite (PEER_SUITE in tools/src/lineup.rs; other benches may
+# share a group name).
 CONTENDERS = {
     "lower-bound", "proxalloc", "proxalloc-one-word", "proxalloc-depot-only",
     "proxalloc-bypass", "box-system",
