@@ -267,3 +267,55 @@ pub fn header(columns: &[&str]) -> String {
     s.push('\n');
     s
 }
+
+#[cfg(test)]
+mod tests {
+    // `super::` paths, not a `use`: the benches include this file too, and their test
+    // builds drop the `#[test]` functions, which would leave an import unused.
+
+    /// A run whose cells return fixed figures: the tables' statistics, ratios and CSV
+    /// (the format `target/peers.csv` has always had) without timing anything.
+    #[test]
+    fn tables_and_csv() {
+        let mut run = super::Runner::new("lower bound");
+        let single = run.table("W1 pair 64 B", "ns/object", super::Stat::Min, "lower-bound");
+        let multi = run.table(
+            "W4 remote free 64 B",
+            "ns/object",
+            super::Stat::Median,
+            "lower-bound",
+        );
+        let mut x = 0.0;
+        run.cell(single, "lower-bound", false, || Some(2.0));
+        run.cell(single, "proxalloc", false, move || {
+            x += 1.0;
+            Some(2.0 + x) // 3, 4, 5: the minimum kept is 4 (3 is the warm-up)
+        });
+        run.cell(single, "jemalloc", true, || Some(8.0));
+        run.cell(multi, "lower-bound", false, || None);
+        let mut y = 0.0;
+        run.cell(multi, "proxalloc", false, move || {
+            y += 10.0;
+            Some(y) // warm-up 10, then 20, 30, 40: median 30
+        });
+        run.cell(multi, "jemalloc", true, || Some(60.0));
+        run.run(3);
+        assert_eq!(
+            run.csv(),
+            "workload,contender,ns,vs_lower_bound,vs_best_peer\n\
+             \"W1 pair 64 B\",lower-bound,2.000,1.000,0.250\n\
+             \"W1 pair 64 B\",proxalloc,4.000,2.000,0.500\n\
+             \"W1 pair 64 B\",jemalloc,8.000,4.000,1.000\n\
+             \"W4 remote free 64 B\",proxalloc,30.000,,0.500\n\
+             \"W4 remote free 64 B\",jemalloc,60.000,,1.000\n"
+        );
+    }
+
+    #[test]
+    fn markdown_header() {
+        assert_eq!(
+            super::header(&["contender", "ns/op", "vs x"]),
+            "| contender | ns/op | vs x |\n| --- | ---: | ---: |\n"
+        );
+    }
+}
