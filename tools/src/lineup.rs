@@ -183,6 +183,14 @@ pub struct MixEntry {
 type MakeMix = fn(&'static str) -> MixEntry;
 
 /// Every W5 contender: its name and how to build it (one allocator per object size).
+///
+/// `#[inline]`, like `mix` and `mixes`: they are the library's only non-generic code that
+/// calls mimalloc and jemalloc, and inline functions are compiled only into the programs
+/// that use them. Otherwise W5's code would share an object file with functions every
+/// tool uses (`w7`'s helpers, `rss`), and linking that file would bring both allocators,
+/// whose start-up code runs and adds some 800 KiB to the RSS of `pool_footprint` and
+/// `idle_threads`, which measure RSS and never link them.
+#[inline]
 fn mix_table() -> [(&'static str, MakeMix); 11] {
     // `$make` builds the allocator for `$n`-byte objects; contenders that serve every
     // size with one value (`leak(SystemBox)`) do not name `$n`, hence the `allow`.
@@ -271,12 +279,14 @@ fn mix_table() -> [(&'static str, MakeMix); 11] {
 }
 
 /// The W5 contender called `name`, if there is one.
+#[inline]
 pub fn mix(name: &str) -> Option<MixEntry> {
     let (name, make) = mix_table().into_iter().find(|(n, _)| *n == name)?;
     Some(make(name))
 }
 
 /// The named W5 contenders, in the order given.
+#[inline]
 pub fn mixes(names: &[&str]) -> Vec<MixEntry> {
     names
         .iter()
