@@ -11,7 +11,7 @@
 //!
 //! Two kinds of program use it: the root crate's `benches/` (which include this file with
 //! `#[path = "../tools/src/lib.rs"] mod harness;`, since a dev-dependency on this crate
-//! would be a cycle through proxalloc) and this crate's binaries (callgrind loops and
+//! would give each bench a second build of proxalloc besides the one under test) and this crate's binaries (callgrind loops and
 //! footprint runs, see `src/bin/`). Paths inside the harness are relative (`super::`)
 //! so that the same source compiles as this library and as a module of a bench.
 

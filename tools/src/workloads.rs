@@ -9,7 +9,7 @@
 use std::alloc::Layout;
 use std::hint::black_box;
 use std::sync::{mpsc, Barrier};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::arenas::Arena;
 use super::contenders::Contender;
@@ -126,24 +126,32 @@ where
     t.elapsed().as_nanos() as f64 / (rounds * BATCH) as f64
 }
 
-/// W3: two threads each doing W2 on the same allocator (aggregate ns per object).
-pub fn w3<T, C>(c: &'static C, rounds: u64, make: impl Fn(u64) -> T + Copy + Send + Sync) -> f64
-where
-    C: Contender<'static, T> + Sync,
-{
+/// Runs `work` on two threads started together (at a barrier) and returns the longer of
+/// their two times: the wall time of the pair.
+fn on_two_threads(work: impl Fn() + Sync) -> Duration {
     let barrier = Barrier::new(2);
-    let t = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let hs: Vec<_> = (0..2)
             .map(|_| {
                 s.spawn(|| {
                     barrier.wait();
                     let start = Instant::now();
-                    w2(c, rounds, make);
+                    work();
                     start.elapsed()
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+    })
+}
+
+/// W3: two threads each doing W2 on the same allocator (aggregate ns per object).
+pub fn w3<T, C>(c: &'static C, rounds: u64, make: impl Fn(u64) -> T + Copy + Send + Sync) -> f64
+where
+    C: Contender<'static, T> + Sync,
+{
+    let t = on_two_threads(|| {
+        w2(c, rounds, make);
     });
     t.as_nanos() as f64 / (2 * rounds * BATCH) as f64
 }
@@ -219,19 +227,8 @@ where
     C1: Contender<'static, Obj<1024>> + Sync,
     C128: Contender<'static, Obj<128>> + Sync,
 {
-    let barrier = Barrier::new(2);
-    let t = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..2)
-            .map(|_| {
-                s.spawn(|| {
-                    barrier.wait();
-                    let start = Instant::now();
-                    w5(m, requests);
-                    start.elapsed()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+    let t = on_two_threads(|| {
+        w5(m, requests);
     });
     t.as_nanos() as f64 / (2 * requests) as f64
 }
