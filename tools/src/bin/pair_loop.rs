@@ -5,10 +5,13 @@
 //! cargo build --release -p proxalloc-tools --bin pair_loop
 //! valgrind --tool=callgrind --callgrind-out-file=/dev/null target/release/pair_loop 1000000
 //! valgrind --tool=callgrind --callgrind-out-file=/dev/null target/release/pair_loop 1000000 owned
+//! valgrind --tool=callgrind --callgrind-out-file=/dev/null target/release/pair_loop 1000000 local
 //! ```
 //! (The total divided by the pair count, minus the start-up cost measured with 0 pairs,
 //! is the per-pair instruction count.) With `owned`, the pairs go through an
-//! `Arc<ClassAllocator>` and `Owned` handles instead of a `static` and `ClassBox`.
+//! `Arc<ClassAllocator>` and `Owned` handles instead of a `static` and `ClassBox`; with
+//! `local`, through the `static`'s `with_local` cache (allocated and freed with
+//! `LocalCache::alloc` and `LocalCache::free`, no thread-local lookup).
 //!
 //! Not the harness's W1 on purpose: this pair is a `static` allocator's, in a function of
 //! its own, the loop on which the fast path's instruction counts have always been taken
@@ -16,7 +19,7 @@
 
 use std::sync::Arc;
 
-use proxalloc::ClassAllocator;
+use proxalloc::{ClassAllocator, LocalCache};
 
 static OBJS: ClassAllocator<[u64; 8]> = ClassAllocator::new("pair-loop");
 
@@ -32,20 +35,36 @@ fn owned_pair(a: &Arc<ClassAllocator<[u64; 8]>>, i: u64) {
     std::hint::black_box(&*h);
 }
 
+#[inline(never)]
+fn local_pair(cache: &LocalCache<'static, [u64; 8]>, i: u64) {
+    let h = cache.alloc([i; 8]);
+    std::hint::black_box(&*h);
+    cache.free(h);
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let n: u64 = args
         .next()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10_000_000);
-    if args.next().as_deref() == Some("owned") {
-        let a = Arc::new(ClassAllocator::new("pair-loop-owned"));
-        for i in 0..n {
-            owned_pair(&a, i);
+    match args.next().as_deref() {
+        Some("owned") => {
+            let a = Arc::new(ClassAllocator::new("pair-loop-owned"));
+            for i in 0..n {
+                owned_pair(&a, i);
+            }
         }
-    } else {
-        for i in 0..n {
-            pair(i);
+        Some("local") => OBJS.with_local(|cache| {
+            for i in 0..n {
+                local_pair(cache, i);
+            }
+        }),
+        Some(other) => panic!("unknown mode {other:?}: owned, local, or none"),
+        None => {
+            for i in 0..n {
+                pair(i);
+            }
         }
     }
 }
