@@ -85,11 +85,10 @@ pub const BATCH: u64 = 1024;
 
 /// W1: `iters` alloc/write/free pairs on this thread (ns per pair).
 ///
-/// `inline(always)` (W2 too): for `proxalloc-local` the loop must land inside the
-/// `with_local` closure, where the cache's alloc path is inlined into it, as it was when
-/// each bench wrote its own loop. As a function of its own, `LocalCache::alloc_with`
-/// stayed a call and the pair took 7.5 ns instead of 3.2. The peer suite's code is the
-/// same either way (callgrind, `suite_profile`).
+/// `inline(always)` (W2 too), so that the loop lands inside the caller (for
+/// `proxalloc-local`, inside the `with_local` closure) as it did when each bench wrote its
+/// own loop. (This is how `LocalCache::alloc_with` was found to stay a call in a
+/// generic caller; it is always inlined now.)
 #[inline(always)]
 pub fn w1<'a, T, C>(c: &'a C, iters: u64, make: impl Fn(u64) -> T + Copy + Send + Sync) -> f64
 where
