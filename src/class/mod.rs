@@ -21,8 +21,6 @@ use crate::config::{CacheMode, Config};
 use crate::core::backing::ObjectHooks;
 use crate::core::budget::ByteBudget;
 use crate::core::engine::Engine;
-use crate::core::table::{self, Lookup};
-use crate::core::thread_cache::{Pin, ThreadCache};
 use crate::stats::Stats;
 use crate::sync::{const_fn, Arc, ArcRef, LazyArc};
 
@@ -240,27 +238,6 @@ impl<T> ClassAllocator<T> {
         self.engine.arc()
     }
 
-    /// This thread's cache, found without touching the engine.
-    #[inline(always)]
-    fn lookup(&self) -> Lookup {
-        use crate::sync::Ordering;
-        table::lookup(
-            self.index_hint.load(Ordering::Relaxed),
-            self.instance_hint.load(Ordering::Relaxed),
-        )
-    }
-
-    /// This thread's inline cache, if it has one (see [`table::lookup_fast`]).
-    #[inline(always)]
-    fn lookup_fast(&self) -> Option<*const ThreadCache> {
-        // Not `load(Relaxed)`: see `sync::relaxed` (an atomic here would make every
-        // caller's value be built on the stack and copied).
-        table::lookup_fast(
-            crate::sync::relaxed::load_u32(&self.index_hint),
-            crate::sync::relaxed::load_u64(&self.instance_hint),
-        )
-    }
-
     /// Allocates an object holding `value`.
     ///
     /// # Panics
@@ -466,49 +443,6 @@ impl<T> ClassAllocator<T> {
     /// ```
     pub fn stats(&self) -> Stats {
         self.engine().stats()
-    }
-
-    /// Runs `f` with this thread's cache in hand, so allocations and frees in `f` skip
-    /// the thread-local lookup: for event-loop workers that own their thread. On the way
-    /// out it honours flush requests that `trim_all` posted meanwhile (an event loop
-    /// that only ever hits its cache takes no slow path that would).
-    ///
-    /// ```
-    /// use proxalloc::ClassAllocator;
-    /// static EVENTS: ClassAllocator<[u8; 64]> = ClassAllocator::new("events");
-    /// let total = EVENTS.with_local(|cache| {
-    ///     (0..1000).map(|i| {
-    ///         let e = cache.alloc([i as u8; 64]);
-    ///         let first = e[0] as u64;
-    ///         cache.free(e);
-    ///         first
-    ///     }).sum::<u64>()
-    /// });
-    /// assert!(total > 0);
-    /// ```
-    ///
-    /// The handle is shared (`&LocalCache`), so two of them, from nested calls, cannot
-    /// be swapped or moved out of the call that made them:
-    ///
-    /// ```compile_fail
-    /// use proxalloc::ClassAllocator;
-    /// static A: ClassAllocator<u8> = ClassAllocator::new("a");
-    /// A.with_local(|outer| A.with_local(|inner| std::mem::swap(outer, inner)));
-    /// ```
-    pub fn with_local<'a, R>(&'a self, f: impl FnOnce(&LocalCache<'a, T>) -> R) -> R {
-        // Without thread-local storage: no cache, straight to the backing allocator.
-        let cache = self.cache_or_register(&self.engine_arc());
-        // Keeps `release_thread_cache` (called from `f`) from retiring the cache.
-        // SAFETY: this thread's cache; nothing borrows its owner part here.
-        let pin = cache.map(|c| unsafe { Pin::new(c) });
-        let result = f(&LocalCache {
-            alloc: self,
-            cache,
-            _not_send: PhantomData,
-        });
-        drop(pin);
-        table::honour_flush_requests();
-        result
     }
 }
 

@@ -13,6 +13,27 @@ use crate::debug;
 use crate::sync::Arc;
 
 impl<T> ClassAllocator<T> {
+    /// This thread's cache, found without touching the engine.
+    #[inline(always)]
+    fn lookup(&self) -> Lookup {
+        use crate::sync::Ordering;
+        table::lookup(
+            self.index_hint.load(Ordering::Relaxed),
+            self.instance_hint.load(Ordering::Relaxed),
+        )
+    }
+
+    /// This thread's inline cache, if it has one (see [`table::lookup_fast`]).
+    #[inline(always)]
+    fn lookup_fast(&self) -> Option<*const ThreadCache> {
+        // Not `load(Relaxed)`: see `sync::relaxed` (an atomic here would make every
+        // caller's value be built on the stack and copied).
+        table::lookup_fast(
+            crate::sync::relaxed::load_u32(&self.index_hint),
+            crate::sync::relaxed::load_u64(&self.instance_hint),
+        )
+    }
+
     /// Allocates memory for one object (uninitialised), through this thread's cache.
     #[inline(always)]
     pub(crate) fn alloc_raw(&self) -> Result<NonNull<T>, AllocError> {

@@ -1,5 +1,5 @@
 //! One-word handles for `static` allocators: [`Thin<C>`] is the object's pointer alone,
-//! the allocator being known from the type `C` (declared with [`static_class!`]).
+//! the allocator being known from the type `C` (declared with [`static_class!`](crate::static_class)).
 //!
 //! A [`ClassBox`] handle is two words: the object and its allocator. A request that holds
 //! a thousand objects keeps a thousand handles, so their size shows: measured in the

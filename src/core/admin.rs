@@ -6,7 +6,7 @@
 //! A thread cache's magazines (its [`OwnerPart`](super::thread_cache::OwnerPart) part) are touched by
 //! its own thread only: the fast and slow paths, its idle collector and sweeps, its
 //! thread-exit teardown. Every other thread is an administrator: `stats` reads the
-//! caches' counters (atomics) under the registry lock, which also keeps registered
+//! caches' counters (atomics) under the cache-list lock, which also keeps registered
 //! caches allocated; `trim_all` and the allocator's shutdown *ask* the owners, by
 //! setting each cache's flush request and bumping a process-wide epoch that every
 //! thread checks on its slow paths. Shutdown releases the depot; each owner releases
@@ -24,9 +24,9 @@ use crate::stats::Stats;
 use crate::sync::{self, Arc, Ordering};
 
 impl Engine {
-    /// Adds a newly created cache of this thread to the registry.
+    /// Adds a newly created cache of this thread to the engine's cache list.
     pub(crate) fn adopt(&self, cache: *const ThreadCache) {
-        sync::lock(&self.registry).caches.push(cache);
+        sync::lock(&self.cache_list).caches.push(cache);
     }
 
     /// Creates and registers a cache for this thread (if thread-local storage is still
@@ -37,7 +37,7 @@ impl Engine {
     }
 
     /// Thread exit, `release_thread_cache`, or a sweep that found the allocator gone:
-    /// takes this thread's `c` out of the registry (its counters go to the engine's)
+    /// takes this thread's `c` out of the cache list (its counters go to the engine's)
     /// and hands its magazines over. No user code runs.
     ///
     /// # Safety
@@ -46,8 +46,8 @@ impl Engine {
     pub(crate) unsafe fn retire_cache(&self, c: &ThreadCache) -> Evictions {
         // SAFETY: forwarded.
         let evictions = unsafe { self.flush(c) };
-        let mut reg = sync::lock(&self.registry);
-        // A dead engine's registry is already empty, and its stats are never read again.
+        let mut reg = sync::lock(&self.cache_list);
+        // A dead engine's cache list is already empty, and its stats are never read again.
         if let Some(pos) = reg.caches.iter().position(|&x| std::ptr::eq(x, c)) {
             reg.caches.swap_remove(pos);
             self.retired.add_shared(&c.counters);
@@ -121,7 +121,7 @@ impl Engine {
         table::uninstall(self);
         let mut stashes = Vec::new();
         {
-            let mut reg = sync::lock(&self.registry);
+            let mut reg = sync::lock(&self.cache_list);
             self.alive.store(false, Ordering::Release);
             for c in reg.caches.drain(..) {
                 // SAFETY: registered caches stay allocated while the lock is held.
@@ -141,7 +141,7 @@ impl Engine {
     /// gives back to the process-wide budget). Returns the chain, now the caller's.
     ///
     /// # Safety
-    /// `c` is registered with this engine and the registry lock is held.
+    /// `c` is registered with this engine and the cache-list lock is held.
     unsafe fn seize_stash(&self, c: *const ThreadCache) -> u32 {
         // SAFETY: forwarded; only atomic fields are touched.
         unsafe {
@@ -170,7 +170,7 @@ impl Engine {
         let mut n = Counts::default();
         let threads;
         {
-            let reg = sync::lock(&self.registry);
+            let reg = sync::lock(&self.cache_list);
             self.retired.read_into(&mut n);
             threads = reg.caches.len();
             for &c in &reg.caches {
@@ -214,7 +214,7 @@ impl Registered for Engine {
     fn trim(&self) -> usize {
         let mut stashes = Vec::new();
         {
-            let reg = sync::lock(&self.registry);
+            let reg = sync::lock(&self.cache_list);
             if !self.is_alive() {
                 return 0;
             }

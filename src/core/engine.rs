@@ -5,7 +5,7 @@
 //! # No user code in the middle
 //! Releasing objects runs a recycling allocator's destructors, and creating one runs
 //! its constructor: user code, which may re-enter any allocator, this one included. It
-//! never runs under the registry lock or while a cache's owner part is borrowed: the
+//! never runs under the cache-list lock or while a cache's owner part is borrowed: the
 //! depot hands back what does not fit its budget as an [`Eviction`], collected into
 //! [`Evictions`] and released by [`Engine::release`] once the cache is consistent.
 //! Backing allocations and frees are counted on the engine's own counters, so a slow
@@ -26,14 +26,14 @@ use crate::sync::{self, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
 
 /// Thread caches of one engine.
 #[derive(Debug)]
-pub(super) struct Registry {
+pub(super) struct CacheList {
     pub(super) caches: Vec<*const ThreadCache>,
 }
 
 // SAFETY: the pointers are caches owned by their threads' tables, read (counters only)
-// under the registry mutex; a cache leaves the list under the mutex before its memory is
+// under the cache-list mutex; a cache leaves the list under the mutex before its memory is
 // reused or freed.
-unsafe impl Send for Registry {}
+unsafe impl Send for CacheList {}
 
 /// Evicted magazines, released together once nothing is borrowed. (Allocates only when
 /// something is evicted, which needs a full depot or a dead allocator.)
@@ -55,11 +55,12 @@ pub(crate) struct Engine {
     pub(super) name: &'static str,
     pub(super) mode: CacheMode,
     pub(super) depot: Depot,
-    /// False once the allocator is dropped. Written under the registry lock; read there
+    /// False once the allocator is dropped. Written under the cache-list lock; read there
     /// or, as a hint, anywhere (a stale `true` only sends a magazine to the depot, which
     /// releases it when the engine drops).
     pub(super) alive: AtomicBool,
-    pub(super) registry: Mutex<Registry>,
+    /// The thread caches registered with this engine, under the cache-list lock.
+    pub(super) cache_list: Mutex<CacheList>,
     /// Counters of retired caches, and of operations that went straight to the backing
     /// allocator (counted here so a slow path never touches its cache after user code).
     pub(super) retired: Counters,
@@ -106,7 +107,7 @@ impl Engine {
                 config.generation_bits,
             ),
             alive: AtomicBool::new(true),
-            registry: Mutex::new(Registry { caches: Vec::new() }),
+            cache_list: Mutex::new(CacheList { caches: Vec::new() }),
             retired: Counters::new(),
             magazine_bytes: (capacity * layout.size()).max(1),
             max_grant: match mode {
@@ -132,7 +133,7 @@ impl Engine {
         self.mode
     }
 
-    /// Whether the allocator still exists (a hint off the registry lock).
+    /// Whether the allocator still exists (a hint off the cache-list lock).
     pub(crate) fn is_alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
     }
@@ -503,7 +504,7 @@ impl Engine {
                 return true;
             }
             if attempt == 0 {
-                let reg = sync::lock(&self.registry);
+                let reg = sync::lock(&self.cache_list);
                 for &other in &reg.caches {
                     // SAFETY: registered caches stay allocated while the lock is held.
                     let n = unsafe { ThreadCache::seize_credits(other) };

@@ -137,7 +137,7 @@ impl Rest {
             .unwrap_or(ptr::null_mut())
     }
 
-    /// Retires the cache of `index`, if registered: it leaves its engine's registry and
+    /// Retires the cache of `index`, if registered: it leaves its engine's cache list and
     /// hands its magazines over, and the entry becomes unused. No user code runs.
     ///
     /// # Safety
@@ -250,7 +250,7 @@ impl Table {
                     *entry
                 };
                 // The old cache is retired: no magazines, and no other thread can reach
-                // it (it left its engine's registry).
+                // it (it left its engine's cache list).
                 (*c).reset(engine.instance());
                 engine.adopt(c);
                 c

@@ -93,7 +93,7 @@ impl Counters {
 ///   user code (a recycled value's destructor or constructor), so no reference to it is
 ///   live when the allocator is re-entered.
 /// - the shared part: statistics counters (bumped by the owner, read by any thread under
-///   the engine's registry lock) and the flush request (set by any thread, taken by the
+///   the engine's cache-list lock) and the flush request (set by any thread, taken by the
 ///   owner). Both are atomics, and other threads only ever reach this part through a
 ///   pointer to the field, never a reference to the whole cache.
 ///
@@ -221,7 +221,7 @@ impl ThreadCache {
     ///
     /// # Safety
     /// `this` points to a live cache (registered caches stay allocated while their
-    /// engine's registry lock is held).
+    /// engine's cache-list lock is held).
     pub(crate) unsafe fn counters<'c>(this: *const ThreadCache) -> &'c Counters {
         // SAFETY: per the contract; only the atomic field is borrowed, never the cell.
         unsafe { &*ptr::addr_of!((*this).counters) }
@@ -248,7 +248,7 @@ impl ThreadCache {
     ///
     /// # Safety
     /// Called on the owner thread, with no reference from `owned` live; the cache holds
-    /// no magazines and is in no engine's registry.
+    /// no magazines and is in no engine's cache list.
     pub(super) unsafe fn reset(&self, instance: u64) {
         // SAFETY: per the contract, the only access to the cell.
         unsafe { *self.owned.get() = OwnerPart::empty(instance) };
