@@ -223,8 +223,9 @@ impl StatCounter {
 /// between, the compiler can no longer build the value in place, so it builds it on the
 /// stack and copies it, and the copy's loads straddle the stores that built it (a
 /// store-forwarding stall). Measured in the peer suite: a 64-byte pair cost 8 ns instead
-/// of 2.7 ns. The atomics on those paths are the allocator's slot hints (read) and the
-/// thread cache's statistics counters (written by their owner, read by anyone).
+/// of 2.7 ns. The atomics on those paths are the allocator's table-index and instance
+/// hints (read) and the thread cache's statistics counters (written by their owner, read
+/// by anyone).
 ///
 /// On x86-64 and AArch64 an aligned 4- or 8-byte `mov`/`ldr`/`str` is single-copy
 /// atomic: it *is* a `Relaxed` access, so doing it in inline assembly keeps the program

@@ -59,7 +59,7 @@ fn freed_objects_are_reused_lifo() {
     let a = ClassAllocator::<u64>::new("lifo");
     let p = ClassBox::as_ptr(&a.alloc(1));
     let q = ClassBox::as_ptr(&a.alloc(2));
-    assert_eq!(p, q, "the slot just freed is handed out next");
+    assert_eq!(p, q, "the object just freed is handed out next");
 }
 
 #[test]
@@ -190,7 +190,7 @@ fn panicking_constructor_and_destructor_leave_counts_right() {
     let s = a.stats();
     assert_eq!(
         s.live, 1,
-        "the slot of a failed constructor is recycled: {s}"
+        "the object of a failed constructor is recycled: {s}"
     );
     assert_conserved(&s);
 
@@ -200,7 +200,7 @@ fn panicking_constructor_and_destructor_leave_counts_right() {
     let s = a.stats();
     assert_eq!(
         s.live, 1,
-        "the slot of a panicking destructor is recycled: {s}"
+        "the object of a panicking destructor is recycled: {s}"
     );
     assert_conserved(&s);
 

@@ -109,7 +109,7 @@ fn dropping_the_allocator_releases_objects_cached_by_live_threads() {
         "cached objects leaked"
     );
 
-    // A new allocator may reuse the dropped one's thread-cache slot.
+    // A new allocator may reuse the dropped one's table index.
     let b = ClassAllocator::<Marked>::new("after");
     drop(
         (0..10)

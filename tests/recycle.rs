@@ -116,7 +116,7 @@ fn refused_values_are_dropped_and_counts_stay_exact() {
     let a = RecyclingAllocator::<H>::new("refuse");
     let mut big = a.get();
     big.0.fields.resize(21, Default::default());
-    drop(big); // over the bound: dropped, slot released
+    drop(big); // over the bound: dropped, object released
     assert_eq!(C.dropped.load(Relaxed), 1);
     let s = a.stats();
     assert_eq!((s.allocs, s.frees, s.live), (1, 1, 0), "{s}");

@@ -49,7 +49,7 @@ fn trim_all_races_the_allocators_drop() {
 }
 
 /// `stats` reads while a thread allocates and exits (its counters move from its cache
-/// to the engine's under the registry lock): totals never go back.
+/// to the engine's under the cache-list lock): totals never go back.
 #[test]
 fn stats_race_a_thread_that_exits() {
     loom::model(|| {

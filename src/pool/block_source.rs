@@ -372,7 +372,8 @@ impl BlockSource {
     /// Takes a block back.
     ///
     /// # Safety
-    /// `block` came from [`alloc`](Self::alloc) on this source, unchanged, and is not
+    /// `block` came from [`alloc`](Self::alloc) or
+    /// [`alloc_dedicated`](Self::alloc_dedicated) on this source, unchanged, and is not
     /// used afterwards.
     ///
     /// ```

@@ -1,6 +1,7 @@
-//! A source's blocks larger than the largest class: kept in size buckets under a
-//! mutex, taken back most recent first, and charged to the source's `max_free` budget.
-//! Registered on its own, so `stats::all` shows it and `trim_all` empties it.
+//! A source's blocks that no class fits (larger than the largest class, or asked for by
+//! size with `BlockSource::alloc_dedicated`): kept in size buckets under a mutex, taken
+//! back most recent first, and charged to the source's `max_free` budget. Registered on
+//! its own, so `stats::all` shows it and `trim_all` empties it.
 
 use std::alloc::Layout;
 use std::collections::BTreeMap;
@@ -101,7 +102,7 @@ impl Large {
     }
 
     /// # Safety
-    /// As for [`BlockSource::free`].
+    /// As for [`BlockSource::free`](super::BlockSource::free).
     pub(super) unsafe fn free(&self, block: RawBlock) {
         self.frees.add_shared(1);
         if self.budget.reserve(block.size) {

@@ -182,7 +182,7 @@ pub fn all() -> Vec<Stats> {
 ///
 /// Names may repeat (every [`BlockSource`](crate::BlockSource) has a `pool-blocks-8K`
 /// row, for instance); add up rows by name, or key them by [`Stats::id`], as the
-/// exporter needs. With the `metrics` feature, [`record_metrics`] does this for the
+/// exporter needs. With the `metrics` feature, `stats::record_metrics` does this for the
 /// `metrics` crate's facade.
 ///
 /// ```

@@ -1,4 +1,5 @@
-//! proxalloc's measuring harness: the one place where benchmark code lives.
+//! proxalloc's measuring harness: where every shared workload and contender lives (a
+//! bench adds only loops that no other target reports, such as `recycle`'s headers).
 //!
 //! - [`contenders`]: every allocator and object pool compared, behind the `Contender`
 //!   trait (alloc, free, touch one object);

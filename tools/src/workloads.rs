@@ -333,9 +333,12 @@ fn w7_buffers(i: u64, rng: &mut u64) -> Vec<usize> {
 }
 
 /// Writes one byte per page, so the memory is really resident.
-fn touch_pages(p: *mut u8, len: usize) {
+///
+/// # Safety
+/// `p` is valid for writes of `len` bytes.
+unsafe fn touch_pages(p: *mut u8, len: usize) {
     for off in (0..len).step_by(4096) {
-        // SAFETY: `p` is valid for `len` bytes.
+        // SAFETY: `off < len`, and `p` is valid for `len` bytes per the contract.
         unsafe { p.add(off).write(1) };
     }
     black_box(p);
@@ -347,11 +350,9 @@ pub fn w7<A: Arena>(a: &mut A) {
     let mut rng = 0x9E37_79B9_7F4A_7C15u64;
     for i in 0..W7_ITERATIONS {
         for len in w7_buffers(i, &mut rng) {
-            // SAFETY: `len` is at least 1 KiB.
-            touch_pages(
-                unsafe { a.alloc(Layout::from_size_align(len, 8).unwrap()) },
-                len,
-            );
+            // SAFETY: `len` is at least 1 KiB, so not zero; the arena hands out `len`
+            // writable bytes, valid until its next clear.
+            unsafe { touch_pages(a.alloc(Layout::from_size_align(len, 8).unwrap()), len) };
         }
         a.clear();
     }
