@@ -268,15 +268,22 @@ thread_local! {
 /// strand the memory on the freeing thread).
 pub struct LowerBound;
 
-fn stack_index(size: usize) -> usize {
-    (size.trailing_zeros() as usize).saturating_sub(5).min(7)
+/// The stack for objects of `size` bytes: by power of two, so two sizes never share one.
+/// Evaluated at compile time (`const { .. }` at the call), so a size the floor cannot
+/// take fails the build and the fast path keeps no check.
+const fn stack_index(size: usize) -> usize {
+    assert!(
+        size.is_power_of_two() && size >= 32 && size <= 4096,
+        "the floor takes power-of-two sizes of 32 B to 4 KiB"
+    );
+    size.trailing_zeros() as usize - 5
 }
 
 impl<'a, T> Contender<'a, T> for LowerBound {
     type Handle = RawBox<T>;
     #[inline(always)]
     fn alloc(&'a self, v: T) -> Self::Handle {
-        let i = stack_index(size_of::<T>());
+        let i = const { stack_index(size_of::<T>()) };
         // SAFETY: this thread's stacks, not borrowed elsewhere.
         let p = STACKS.with(|s| unsafe { (*s.get())[i].pop() });
         let p = p.unwrap_or_else(|| {
@@ -290,7 +297,7 @@ impl<'a, T> Contender<'a, T> for LowerBound {
     }
     #[inline(always)]
     fn free(&'a self, h: Self::Handle) {
-        let i = stack_index(size_of::<T>());
+        let i = const { stack_index(size_of::<T>()) };
         // SAFETY: this thread's stacks, not borrowed elsewhere.
         STACKS.with(|s| unsafe { (*s.get())[i].push(h.0.cast()) });
     }
