@@ -34,8 +34,5 @@ fn main() {
         run.cell(w2, c.name, c.peer, || (c.run)(Work::W2(20)));
     }
     run.run(args.rounds);
-    run.print();
-    if let Some(path) = &args.csv {
-        run.write_csv(path);
-    }
+    run.report(&args);
 }

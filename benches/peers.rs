@@ -1,6 +1,6 @@
 //! The peer comparison under criterion: W1–W4 for 64 B objects (W1/W2 also 256 B) and
 //! the W5 request mix on one and two threads, every contender of the peer suite
-//! (`lineup::PEER_SUITE`, `lineup::MIX_SUITE`).
+//! (`lineup::PEER_SUITE`, and for W5 `lineup::peer_mixes`).
 //! `cargo bench --bench peers`; `python3 scripts/bench_chart.py` then draws
 //! `docs/benchmarks.svg` from criterion's estimates. For ratios measured interleaved in
 //! one run, use `cargo bench --bench peers_interleaved`.
@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use harness::criterion_groups::{group, mix_group};
-use harness::lineup::{contenders, mixes, Work, MIX_SUITE, PEER_SUITE};
+use harness::lineup::{contenders, peer_mixes, Work, PEER_SUITE};
 use harness::workloads::{Obj, BATCH};
 
 fn all(c: &mut Criterion) {
@@ -39,8 +39,8 @@ fn all(c: &mut Criterion) {
         64,
         64,
     );
-    mix_group(c, "w5-request-mix-1-thread", &mixes(&MIX_SUITE), false);
-    mix_group(c, "w5-request-mix-2-threads", &mixes(&MIX_SUITE), true);
+    mix_group(c, "w5-request-mix-1-thread", &peer_mixes(), false);
+    mix_group(c, "w5-request-mix-2-threads", &peer_mixes(), true);
 }
 
 criterion_group! {

@@ -10,17 +10,17 @@
 #[path = "../tools/src/lib.rs"]
 mod harness;
 
-use std::path::Path;
-
-use harness::lineup::{contenders, mixes, Work, MIX_SUITE, PEER_SUITE};
+use harness::lineup::{contenders, peer_mixes, Work, PEER_SUITE};
 use harness::runner::{Args, Runner, Stat};
 use harness::workloads::Obj;
 
 fn main() {
-    let args = Args::parse(30);
+    let mut args = Args::parse(30);
+    // The CSV the chart script and earlier runs expect, unless `--csv` says otherwise.
+    args.csv.get_or_insert_with(|| "target/peers.csv".into());
     let c64 = contenders::<Obj<64>>(&PEER_SUITE);
     let c256 = contenders::<Obj<256>>(&PEER_SUITE);
-    let mix = mixes(&MIX_SUITE);
+    let mix = peer_mixes();
     let workloads = [
         ("W1 pair", Work::W1(20_000), Stat::Min),
         ("W2 batch", Work::W2(10), Stat::Min),
@@ -50,6 +50,5 @@ fn main() {
         }
     }
     run.run(args.rounds);
-    run.print();
-    run.write_csv(args.csv.as_deref().unwrap_or(Path::new("target/peers.csv")));
+    run.report(&args);
 }

@@ -28,11 +28,10 @@ mod harness;
 use std::alloc::System;
 use std::cell::RefCell;
 use std::hint::black_box;
-use std::time::Instant;
 
 use harness::arenas::{MallocFree, TypedArena};
 use harness::runner::{time_per, Args, Runner, Stat};
-use harness::workloads::{create_use_drop, w6, W6Sizes, W6_ALLOCS, W6_ROUNDS};
+use harness::workloads::{create_use_drop, on_two_threads, w6, W6Sizes, W6_ALLOCS, W6_ROUNDS};
 use proxalloc::{Pool, PoolVec};
 
 const PUSH_SAMPLE: usize = 2000;
@@ -83,16 +82,9 @@ fn push_std() {
     }
 }
 
-/// `f` (`iters` iterations) on each of two threads at once: ns per iteration, thread
-/// start and join included.
+/// `f` (`iters` iterations) on each of two threads at once: ns per iteration.
 fn two_threads(f: impl Fn() + Sync, iters: usize) -> f64 {
-    let start = Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..2 {
-            s.spawn(&f);
-        }
-    });
-    start.elapsed().as_nanos() as f64 / (2 * iters) as f64
+    on_two_threads(f).as_nanos() as f64 / (2 * iters) as f64
 }
 
 /// `w6-pool N` / `w6-bumpalo N`: only that loop (see the module comment).
@@ -188,8 +180,5 @@ fn main() {
         ))
     });
     run.run(args.rounds);
-    run.print();
-    if let Some(path) = &args.csv {
-        run.write_csv(path);
-    }
+    run.report(&args);
 }

@@ -145,8 +145,5 @@ fn main() {
         run.cell(t, name, false, move || Some(time_per(REQUESTS as f64, f)));
     }
     run.run(args.rounds);
-    run.print();
-    if let Some(path) = &args.csv {
-        run.write_csv(path);
-    }
+    run.report(&args);
 }

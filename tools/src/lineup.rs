@@ -24,21 +24,6 @@ pub const PEER_SUITE: [&str; 12] = [
     "arrayqueue-pool",
 ];
 
-/// The W5 request mix's contenders (the suite but the one-word handle).
-pub const MIX_SUITE: [&str; 11] = [
-    "lower-bound",
-    "proxalloc",
-    "proxalloc-depot-only",
-    "proxalloc-bypass",
-    "box-system",
-    "mimalloc",
-    "jemalloc",
-    "object-pool",
-    "lockfree-object-pool",
-    "sharded-slab",
-    "arrayqueue-pool",
-];
-
 /// The fast-path runs (`class_alloc`, `interleaved`): proxalloc's paths (thread-local
 /// lookup, `with_local`, depot only) between the floor and the two general allocators.
 pub const FAST_PATH: [&str; 6] = [
@@ -285,11 +270,28 @@ pub fn mix(name: &str) -> Option<MixEntry> {
     Some(make(name))
 }
 
-/// The named W5 contenders, in the order given.
+/// The peer suite's W5 contenders, in its order: every one that has a request mix (all
+/// but the one-word handle, whose allocator is one object type's).
 #[inline]
-pub fn mixes(names: &[&str]) -> Vec<MixEntry> {
-    names
-        .iter()
-        .map(|n| mix(n).unwrap_or_else(|| panic!("no W5 contender {n:?}")))
-        .collect()
+pub fn peer_mixes() -> Vec<MixEntry> {
+    PEER_SUITE.iter().filter_map(|n| mix(n)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    // `super::` paths: see `runner`'s tests.
+
+    /// Every name the tables list builds a contender, so none drops out of a run unseen.
+    #[test]
+    fn every_listed_name_has_its_contender() {
+        for n in super::PEER_SUITE.iter().chain(&super::FAST_PATH) {
+            assert!(super::contender::<super::Obj<64>>(n).is_some(), "{n}");
+        }
+        let mixes: Vec<_> = super::peer_mixes().iter().map(|m| m.name).collect();
+        let expected: Vec<_> = super::PEER_SUITE
+            .into_iter()
+            .filter(|n| *n != "proxalloc-one-word")
+            .collect();
+        assert_eq!(mixes, expected);
+    }
 }

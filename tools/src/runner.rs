@@ -80,6 +80,15 @@ struct Table {
     baseline: &'static str,
 }
 
+/// A table as printed: its rows (contender, figure), the baseline row's figure and the
+/// best peer's.
+struct Summary<'t> {
+    table: &'t Table,
+    rows: Vec<(&'static str, f64)>,
+    base: Option<f64>,
+    best_peer: Option<f64>,
+}
+
 /// A contender on a workload: `run` takes one sample, in the table's unit (`None` where
 /// the workload does not apply to the contender: it gets no row).
 struct Cell<'a> {
@@ -90,7 +99,7 @@ struct Cell<'a> {
     samples: Vec<f64>,
 }
 
-/// One interleaved run: tables, their cells, then `run`, then `print` and `write_csv`.
+/// One interleaved run: tables, their cells, then `run`, then `report`.
 pub struct Runner<'a> {
     /// The ratio column's heading after "vs " ("lower bound", "proxalloc").
     baseline_label: &'static str,
@@ -162,9 +171,8 @@ impl<'a> Runner<'a> {
         }
     }
 
-    /// Each table: its rows (name, figure, peer), its baseline's figure, the best peer's.
-    #[allow(clippy::type_complexity)]
-    fn summaries(&self) -> Vec<(&Table, Vec<(&'static str, f64)>, Option<f64>, Option<f64>)> {
+    /// Each table that has samples, summed up.
+    fn summaries(&self) -> Vec<Summary<'_>> {
         let mut out = Vec::new();
         for (i, t) in self.tables.iter().enumerate() {
             let cells: Vec<&Cell> = self
@@ -180,13 +188,18 @@ impl<'a> Runner<'a> {
                 .map(|c| (c.name, t.stat.of(&c.samples)))
                 .collect();
             let base = rows.iter().find(|r| r.0 == t.baseline).map(|r| r.1);
-            let best = cells
+            let best_peer = cells
                 .iter()
                 .zip(&rows)
                 .filter(|(c, _)| c.peer)
                 .map(|(_, r)| r.1)
                 .reduce(f64::min);
-            out.push((t, rows, base, best));
+            out.push(Summary {
+                table: t,
+                rows,
+                base,
+                best_peer,
+            });
         }
         out
     }
@@ -197,9 +210,15 @@ impl<'a> Runner<'a> {
     }
 
     /// The tables, as markdown, on stdout.
-    pub fn print(&self) {
+    fn print(&self) {
         let peers = self.has_peers();
-        for (t, rows, base, best) in self.summaries() {
+        for Summary {
+            table: t,
+            rows,
+            base,
+            best_peer,
+        } in self.summaries()
+        {
             let mut columns = vec!["contender", t.unit];
             let vs = format!("vs {}", self.baseline_label);
             columns.push(&vs);
@@ -219,7 +238,7 @@ impl<'a> Runner<'a> {
                     |of: Option<f64>| of.map_or("—".to_string(), |b| format!("{:.2}x", x / b));
                 print!("| {name} | {x:.2} | {}", ratio(base));
                 if peers {
-                    print!(" | {}", ratio(best));
+                    print!(" | {}", ratio(best_peer));
                 }
                 println!(" |");
             }
@@ -233,7 +252,13 @@ impl<'a> Runner<'a> {
             "workload,contender,ns,vs_{},vs_best_peer\n",
             self.baseline_label.replace(' ', "_")
         );
-        for (t, rows, base, best) in self.summaries() {
+        for Summary {
+            table: t,
+            rows,
+            base,
+            best_peer,
+        } in self.summaries()
+        {
             for (name, x) in rows {
                 let ratio = |of: Option<f64>| of.map_or(String::new(), |b| format!("{:.3}", x / b));
                 let _ = writeln!(
@@ -241,15 +266,23 @@ impl<'a> Runner<'a> {
                     "\"{}\",{name},{x:.3},{},{}",
                     t.workload,
                     ratio(base),
-                    ratio(best)
+                    ratio(best_peer)
                 );
             }
         }
         csv
     }
 
+    /// The end of every run: the tables on stdout, and as CSV where `args` asks.
+    pub fn report(&self, args: &Args) {
+        self.print();
+        if let Some(path) = &args.csv {
+            self.write_csv(path);
+        }
+    }
+
     /// Writes [`Runner::csv`] to `path`, creating its folder.
-    pub fn write_csv(&self, path: &Path) {
+    fn write_csv(&self, path: &Path) {
         if let Some(dir) = path.parent() {
             let _ = std::fs::create_dir_all(dir);
         }

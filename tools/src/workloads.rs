@@ -126,8 +126,8 @@ where
 }
 
 /// Runs `work` on two threads started together (at a barrier) and returns the longer of
-/// their two times: the wall time of the pair.
-fn on_two_threads(work: impl Fn() + Sync) -> Duration {
+/// their two times: the wall time of the pair, thread start and join left out.
+pub fn on_two_threads(work: impl Fn() + Sync) -> Duration {
     let barrier = Barrier::new(2);
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..2)
@@ -252,6 +252,14 @@ where
     (at_spike, measure())
 }
 
+/// The next value of a xorshift64 sequence (the workloads' fixed pseudo-random sizes).
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
 /// Allocations per W6 round.
 pub const W6_ALLOCS: usize = 200;
 /// W6 rounds per call of [`w6`] (one timed sample).
@@ -266,12 +274,7 @@ impl W6Sizes {
         let mut x = 0x2545_F491_4F6C_DD1Du64;
         W6Sizes(
             (0..W6_ALLOCS)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    8 + (x % 249) as usize
-                })
+                .map(|_| 8 + (xorshift(&mut x) % 249) as usize)
                 .collect(),
         )
     }
@@ -316,15 +319,9 @@ pub const W7_ITERATIONS: u64 = 200_000;
 /// The W7 buffer sizes of iteration `i`: 1–8 buffers of 1–64 KiB, plus 1 MiB every
 /// 1000th iteration (`rng` is the sequence's state, carried across iterations).
 fn w7_buffers(i: u64, rng: &mut u64) -> Vec<usize> {
-    let mut next = || {
-        *rng ^= *rng << 13;
-        *rng ^= *rng >> 7;
-        *rng ^= *rng << 17;
-        *rng
-    };
-    let n = 1 + next() % 8;
+    let n = 1 + xorshift(rng) % 8;
     let mut v: Vec<usize> = (0..n)
-        .map(|_| 1024 + (next() % (63 * 1024)) as usize)
+        .map(|_| 1024 + (xorshift(rng) % (63 * 1024)) as usize)
         .collect();
     if i % 1000 == 999 {
         v.push(1 << 20);
