@@ -46,10 +46,10 @@ impl Engine {
     pub(crate) unsafe fn retire_cache(&self, c: &ThreadCache) -> Evictions {
         // SAFETY: forwarded.
         let evictions = unsafe { self.flush(c) };
-        let mut reg = sync::lock(&self.cache_list);
+        let mut list = sync::lock(&self.cache_list);
         // A dead engine's cache list is already empty, and its stats are never read again.
-        if let Some(pos) = reg.caches.iter().position(|&x| std::ptr::eq(x, c)) {
-            reg.caches.swap_remove(pos);
+        if let Some(pos) = list.caches.iter().position(|&x| std::ptr::eq(x, c)) {
+            list.caches.swap_remove(pos);
             self.retired.add_shared(&c.counters);
         }
         // SAFETY: this thread's own cache.
@@ -121,9 +121,9 @@ impl Engine {
         table::uninstall(self);
         let mut stashes = Vec::new();
         {
-            let mut reg = sync::lock(&self.cache_list);
+            let mut list = sync::lock(&self.cache_list);
             self.alive.store(false, Ordering::Release);
-            for c in reg.caches.drain(..) {
+            for c in list.caches.drain(..) {
                 // SAFETY: registered caches stay allocated while the lock is held.
                 unsafe {
                     ThreadCache::request_flush(c);
@@ -170,10 +170,10 @@ impl Engine {
         let mut n = Counts::default();
         let threads;
         {
-            let reg = sync::lock(&self.cache_list);
+            let list = sync::lock(&self.cache_list);
             self.retired.read_into(&mut n);
-            threads = reg.caches.len();
-            for &c in &reg.caches {
+            threads = list.caches.len();
+            for &c in &list.caches {
                 // SAFETY: registered caches stay allocated while the lock is held; only
                 // their atomic counters are read, through a reference to that field
                 // alone (the owner may be using its magazines meanwhile).
@@ -214,11 +214,11 @@ impl Registered for Engine {
     fn trim(&self) -> usize {
         let mut stashes = Vec::new();
         {
-            let reg = sync::lock(&self.cache_list);
+            let list = sync::lock(&self.cache_list);
             if !self.is_alive() {
                 return 0;
             }
-            for &c in &reg.caches {
+            for &c in &list.caches {
                 // SAFETY: registered caches stay allocated while the lock is held.
                 unsafe {
                     ThreadCache::request_flush(c);

@@ -504,8 +504,8 @@ impl Engine {
                 return true;
             }
             if attempt == 0 {
-                let reg = sync::lock(&self.cache_list);
-                for &other in &reg.caches {
+                let list = sync::lock(&self.cache_list);
+                for &other in &list.caches {
                     // SAFETY: registered caches stay allocated while the lock is held.
                     let n = unsafe { ThreadCache::seize_credits(other) };
                     self.available.fetch_add(n as usize, Ordering::Relaxed);
