@@ -445,10 +445,12 @@ impl Engine {
     }
 
     /// Hands `mag` (owned by `c`) to the depot and counts where it went; what the budget
-    /// does not take comes back to be released. Once the allocator is gone everything
-    /// comes back.
+    /// does not take comes back to be released. Once the allocator is gone every object
+    /// comes back; an empty magazine still goes to the empty stack (the depot lives until
+    /// the engine drops, and frees it then), so an empty magazine is never evicted.
     pub(super) fn put(&self, c: &ThreadCache, mag: &Magazine) -> Option<Eviction> {
-        if !self.is_alive() {
+        // SAFETY: owned by the cache (the count is read before the hand-over).
+        if !self.is_alive() && unsafe { mag.len() } > 0 {
             // SAFETY: owned by the cache, now handed over.
             return Some(unsafe { self.depot.evict_all(mag) });
         }
