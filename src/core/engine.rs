@@ -64,8 +64,8 @@ pub(crate) struct Engine {
     /// Counters of retired caches, and of operations that went straight to the backing
     /// allocator (counted here so a slow path never touches its cache after user code).
     pub(super) retired: Counters,
-    /// Bytes of one full magazine (at least 1, so zero-sized objects still count
-    /// magazines).
+    /// What one full magazine is charged to a stash's grant: its objects and their slots
+    /// (so zero-sized objects are charged too).
     pub(super) magazine_bytes: usize,
     /// Most bytes one thread's stash may be granted.
     pub(super) max_grant: usize,
@@ -93,23 +93,31 @@ impl Engine {
             config.mode
         };
         let capacity = config.magazine_capacity(layout.size());
-        let budget = budget.unwrap_or_else(|| Arc::new(ByteBudget::new(config.depot_bytes)));
+        let depot = |budget| {
+            Depot::new(
+                Backing::new(layout, hooks),
+                capacity,
+                budget,
+                config.generation_bits,
+            )
+        };
+        let depot = match budget {
+            // `depot_bytes`: objects and their slots, so zero-sized objects are bounded too.
+            None => depot(Arc::new(ByteBudget::new(config.depot_bytes))),
+            // A budget shared with others (a block source's `max_free`) counts their bytes.
+            Some(shared) => depot(shared).charging_object_bytes_only(),
+        };
         let (index, instance) = ids::claim();
         Engine {
             index,
             instance,
             name,
             mode,
-            depot: Depot::new(
-                Backing::new(layout, hooks),
-                capacity,
-                budget,
-                config.generation_bits,
-            ),
+            depot,
             alive: AtomicBool::new(true),
             cache_list: Mutex::new(CacheList { caches: Vec::new() }),
             retired: Counters::new(),
-            magazine_bytes: (capacity * layout.size()).max(1),
+            magazine_bytes: capacity * magazine::cached_bytes(layout.size()),
             max_grant: match mode {
                 CacheMode::ThreadCaches => config.thread_cache_growth_bytes,
                 CacheMode::DepotOnly | CacheMode::Bypass => 0,
