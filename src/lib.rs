@@ -57,12 +57,13 @@ pub use pool::{
 pub use stats::Stats;
 
 /// Gives every cached object of every allocator in the process back to the system
-/// allocator: each allocator's depot and the calling thread's caches now, and returns
-/// those bytes. Other threads' caches (at most two magazines per thread per allocator)
-/// belong to their threads, which alone may touch them: `trim_all` asks each of them to
-/// flush, and each does at its next slow path on any allocator, when it leaves a
-/// `with_local` call, or when it exits; a later `trim_all` then returns what they gave
-/// to the depots. See `docs/tuning.md` for what can and cannot come back.
+/// allocator: each allocator's depot, the calling thread's caches and what every other
+/// thread's caches grew to (their stashes) now, and returns those bytes. Other threads'
+/// two magazines per allocator belong to their threads, which alone may touch them:
+/// `trim_all` asks each of them to flush, and each does at its next slow path on any
+/// allocator, when it leaves a `with_local` call, or when it exits; a later `trim_all`
+/// then returns what they gave to the depots. See `docs/tuning.md` for what can and
+/// cannot come back.
 ///
 /// ```
 /// use proxalloc::ClassAllocator;

@@ -393,12 +393,14 @@ impl<T> ClassAllocator<T> {
         Ok(unsafe { ClassBox::from_raw(self, object) })
     }
 
-    /// Gives everything this thread caches and everything the depot caches back to the
-    /// system allocator, and returns the number of bytes released. Objects cached by
-    /// other threads stay with them (each thread's cache holds at most two magazines;
-    /// they come back when the thread exits or calls
-    /// [`release_thread_cache`](Self::release_thread_cache), and at the thread's next
-    /// slow path after a [`trim_all`](crate::trim_all) or this allocator's drop).
+    /// Gives back to the system allocator everything this thread caches, everything the
+    /// depot caches, and what every other thread's cache grew to (its stash, taken at
+    /// once), and returns the number of bytes released. Each other thread keeps its two
+    /// magazines, which only it may touch: `trim` asks it to flush them, and it does at
+    /// its next slow path on any allocator, when it leaves a `with_local` call, when it
+    /// calls [`release_thread_cache`](Self::release_thread_cache), or when it exits; a
+    /// later `trim` returns what it gave to the depot. [`trim_all`](crate::trim_all) does
+    /// the same for every allocator.
     ///
     /// ```
     /// use proxalloc::ClassAllocator;

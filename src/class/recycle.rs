@@ -288,7 +288,9 @@ impl<T: Recycle> RecyclingAllocator<T> {
         self.inner.stats()
     }
 
-    /// Drops every value this thread and the depot cache; returns the bytes released.
+    /// Drops every value this thread, the depot and other threads' stashes cache, as
+    /// [`ClassAllocator::trim`](crate::ClassAllocator::trim) does; returns the bytes
+    /// released.
     ///
     /// ```
     /// # use proxalloc::{Recycle, RecyclingAllocator};

@@ -417,7 +417,9 @@ impl BlockSource {
     }
 
     /// Gives every cached block back to the system (the depots, the large buckets and the
-    /// calling thread's cache). Returns the bytes released.
+    /// calling thread's cache; other threads are asked to flush theirs, as
+    /// [`ClassAllocator::trim`](crate::ClassAllocator::trim) does). Returns the bytes
+    /// released.
     ///
     /// ```
     /// let source = proxalloc::BlockSource::new(1 << 20);
