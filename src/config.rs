@@ -149,7 +149,8 @@ impl Config {
             thread_cache_growth_bytes: Self::DEFAULT_THREAD_CACHE_GROWTH_BYTES,
             max_live: usize::MAX,
             mode: CacheMode::ThreadCaches,
-            generation_bits: crate::core::depot::MAX_GENERATION_BITS,
+            // As wide as the depot's head allows (it clamps).
+            generation_bits: u32::MAX,
         }
     }
 
@@ -290,8 +291,7 @@ impl Config {
     #[cfg(proxalloc_loom)]
     #[doc(hidden)]
     pub const fn generation_bits(mut self, bits: u32) -> Self {
-        let max = crate::core::depot::MAX_GENERATION_BITS;
-        self.generation_bits = if bits > max { max } else { bits };
+        self.generation_bits = bits; // the depot clamps it to its head's width
         self
     }
 

@@ -39,6 +39,7 @@ mod class;
 mod config;
 mod core;
 mod debug;
+mod error;
 mod pool;
 mod registry;
 pub mod stats;
@@ -47,9 +48,10 @@ mod sync;
 pub use class::owned::Owned;
 pub use class::recycle::{OwnedRecycled, Recycle, Recycled, RecyclingAllocator};
 pub use class::thin::{StaticClass, Thin};
-pub use class::{AllocError, ClassAllocator, ClassBox, LocalCache};
+pub use class::{ClassAllocator, ClassBox, LocalCache};
 pub use config::{CacheMode, Config, BYPASS_ENV, MAX_MAGAZINE_SIZE};
 pub use debug::POISON;
+pub use error::AllocError;
 pub use pool::{
     BlockAllocator, BlockSource, CleanupKey, Pool, PoolStats, PoolVec, PoolWriter, RawBlock,
     SubPool, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
@@ -89,7 +91,7 @@ pub fn trim_all() -> usize {
 /// assert_eq!(proxalloc::thread_cache_budget().1, 8 << 20);
 /// ```
 pub fn set_thread_cache_budget(bytes: usize) {
-    crate::core::table::thread_cache_budget().set_limit(bytes);
+    crate::core::budget::thread_cache_budget().set_limit(bytes);
 }
 
 /// The process-wide thread-cache budget: `(bytes granted to thread caches now, limit)`.
@@ -100,7 +102,7 @@ pub fn set_thread_cache_budget(bytes: usize) {
 /// assert!(granted <= limit);
 /// ```
 pub fn thread_cache_budget() -> (usize, usize) {
-    let b = crate::core::table::thread_cache_budget();
+    let b = crate::core::budget::thread_cache_budget();
     (b.used(), b.limit())
 }
 

@@ -18,34 +18,12 @@ use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 
 use crate::config::{CacheMode, Config};
+use crate::error::AllocError;
 use crate::core::backing::ObjectHooks;
 use crate::core::budget::ByteBudget;
 use crate::core::engine::Engine;
 use crate::stats::Stats;
 use crate::sync::{const_fn, Arc, ArcRef, LazyArc};
-
-/// The backing allocator could not supply memory for an object (or a
-/// [`Config::max_live`] cap refused one).
-///
-/// ```
-/// use proxalloc::{AllocError, ClassAllocator, Config};
-/// static NONE: ClassAllocator<u32> =
-///     ClassAllocator::with_config("doc-class-alloc-error", Config::new().max_live(0));
-/// let err = NONE.try_alloc(1).unwrap_err();
-/// assert_eq!(err, AllocError);
-/// assert_eq!(err.to_string(), "memory allocation failed");
-/// let _: &dyn std::error::Error = &err;
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct AllocError;
-
-impl fmt::Display for AllocError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("memory allocation failed")
-    }
-}
-
-impl std::error::Error for AllocError {}
 
 /// An allocator of objects of one type, with per-thread caches.
 ///

@@ -7,9 +7,10 @@ use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
-use crate::class::{AllocError, ClassAllocator};
+use crate::class::ClassAllocator;
 use crate::config::Config;
 use crate::core::backing::{ObjectHooks, ValueHooks};
+use crate::error::AllocError;
 use crate::stats::Stats;
 use crate::sync::const_fn;
 

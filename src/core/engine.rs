@@ -15,7 +15,7 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 
 use super::backing::{Backing, ObjectHooks};
-use super::budget::ByteBudget;
+use super::budget::{self, ByteBudget};
 use super::depot::{Depot, Eviction, Put};
 use super::ids;
 use super::magazine::{self, Magazine, NIL};
@@ -319,7 +319,7 @@ impl Engine {
         let room = self.max_grant.saturating_sub(c.grant()) / self.magazine_bytes;
         let want = spills.min(room);
         if want > 0 {
-            let got = table::thread_cache_budget().reserve_up_to(want, self.magazine_bytes);
+            let got = budget::thread_cache_budget().reserve_up_to(want, self.magazine_bytes);
             c.add_grant(got * self.magazine_bytes);
         }
     }
@@ -329,7 +329,7 @@ impl Engine {
         // Most caches never grow: leave the shared line alone for them (and, under loom,
         // the budget is not reachable from the thread-local destructors at a model's end).
         if bytes > 0 {
-            table::thread_cache_budget().release(bytes);
+            budget::thread_cache_budget().release(bytes);
         }
     }
 
