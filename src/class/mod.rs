@@ -18,10 +18,10 @@ use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 
 use crate::config::{CacheMode, Config};
-use crate::error::AllocError;
 use crate::core::backing::ObjectHooks;
 use crate::core::budget::ByteBudget;
 use crate::core::engine::Engine;
+use crate::error::AllocError;
 use crate::stats::Stats;
 use crate::sync::{const_fn, Arc, ArcRef, LazyArc};
 
