@@ -242,7 +242,7 @@ fn pool_vec_grows_in_place_while_last_and_copies_otherwise() {
     );
     assert!(v.iter().copied().eq(0..600));
     assert_eq!(v.pop(), Some(599));
-    let s = v.into_slice();
+    let s = v.leak();
     assert_eq!(s.len(), 599);
 
     let drops = Arc::new(Mutex::new(0));
