@@ -55,8 +55,8 @@ pub use class::{AllocError, ClassAllocator, ClassBox, LocalCache};
 pub use config::{CacheMode, Config, BYPASS_ENV, MAX_MAGAZINE_SIZE};
 pub use debug::POISON;
 pub use pool::{
-    BlockAllocator, BlockSource, CleanupKey, Pool, PoolStats, PoolVec, PoolWriter, RawBlock,
-    SubPool, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
+    BlockAllocator, BlockSource, BlockSourceStats, CleanupKey, Pool, PoolStats, PoolVec,
+    PoolWriter, RawBlock, SubPool, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
 };
 pub use stats::Stats;
 

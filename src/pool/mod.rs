@@ -44,7 +44,8 @@ use std::panic::resume_unwind;
 use std::ptr::{self, NonNull};
 
 pub use block_source::{
-    BlockAllocator, BlockSource, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
+    BlockAllocator, BlockSource, BlockSourceStats, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES,
+    DEFAULT_MAX_FREE,
 };
 use bump::{BlockHeader, SENTINEL};
 use cleanup::CleanupHeader;
@@ -88,7 +89,8 @@ struct State {
 /// pool.clear();
 /// assert_eq!(pool.stats().used_bytes, 0);
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PoolStats {
     /// Bytes handed out since the last clear (alignment padding included, and sizes
     /// rounded up to 8 bytes, as APR rounds them).
