@@ -6,6 +6,9 @@
 //! The clients are plain blocking sockets on the test thread; the proxy runs on its own
 //! multi-thread tokio runtime. Deadlines here are hang guards, never assertions on speed.
 
+#[path = "../examples/showdown/global.rs"]
+#[allow(dead_code)]
+mod global;
 #[path = "../examples/showdown/origin.rs"]
 #[allow(dead_code)]
 mod origin;
@@ -454,4 +457,22 @@ fn every_mode_serves_and_frees_everything() {
         }
         assert!(h.finish());
     }
+}
+
+#[test]
+fn the_global_allocator_is_the_one_the_environment_names_and_this_build_has() {
+    use global::{choose, Kind};
+    for kind in Kind::ALL {
+        assert_eq!(Kind::parse(kind.flag()), Some(kind));
+    }
+    assert_eq!(choose(None, true), Kind::Glibc);
+    assert_eq!(choose(Some(b"glibc"), true), Kind::Glibc);
+    assert_eq!(choose(Some(b"mimalloc"), false), Kind::Mimalloc);
+    assert_eq!(choose(Some(b"jemalloc"), true), Kind::Jemalloc);
+    // A build without jemalloc runs under glibc, and `ensure` says why.
+    assert_eq!(choose(Some(b"jemalloc"), false), Kind::Glibc);
+    assert_eq!(choose(Some(b"tcmalloc"), true), Kind::Glibc);
+    assert_eq!(global::ENV, "SHOWDOWN_GLOBAL");
+    let example = global::Global::<global::NoJemalloc>::new(None);
+    assert!(example.has(Kind::Mimalloc) && !example.has(Kind::Jemalloc));
 }

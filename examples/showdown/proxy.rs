@@ -64,8 +64,8 @@ pub enum Mode {
     /// Every allocation and free through the shared depot: Traffic Server's global
     /// freelist, before its ProxyAllocators.
     Depot,
-    /// Every object from the system allocator (`CacheMode::Bypass`; with
-    /// `PROXALLOC_BYPASS=1`, pool blocks too).
+    /// Every object from the global allocator (`CacheMode::Bypass`; with
+    /// `PROXALLOC_BYPASS=1`, pool blocks too): glibc's malloc, mimalloc or jemalloc.
     System,
 }
 
@@ -89,7 +89,7 @@ impl Mode {
         match self {
             Mode::Caches => "thread caches",
             Mode::Depot => "depot only (global freelist)",
-            Mode::System => "system allocator",
+            Mode::System => "global allocator",
         }
     }
 
