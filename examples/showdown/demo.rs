@@ -494,7 +494,7 @@ fn best<T>(runs: Vec<T>, cpu: impl Fn(&T) -> f64) -> (T, String) {
 
 /// The comparison: each pairing in fresh processes, `rounds` times, interleaved.
 fn compare(a: &Args) {
-    let seconds = if a.seconds.is_nan() { 4.0 } else { a.seconds };
+    let seconds = if a.seconds.is_nan() { 3.0 } else { a.seconds };
     let rows = Pairing::chosen(a);
     if rows.is_empty() {
         eprintln!("this build has no {}", a.global.map_or("", Kind::flag));
