@@ -11,7 +11,7 @@
 //! a graceful shutdown; then the handler alone, in process, without sockets.
 //!
 //! ```sh
-//! cargo run --release --example showdown                     # the table (about 1.5 minutes)
+//! cargo run --release --example showdown                     # the table (about a minute)
 //! cargo run --release -p proxalloc-tools --bin showdown      # the same with jemalloc rows
 //! cargo run --release --example showdown -- --seconds 20 --connections 512
 //! cargo run --release --example showdown -- --serve --port 8080 --mode caches --seconds 0
@@ -585,7 +585,7 @@ fn compare(a: &Args) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("\n{}", NOTE.replace("{cores}", &cores.to_string()));
     if !crate::GLOBAL.has(Kind::Jemalloc) {
-        println!("{JEMALLOC_NOTE}");
+        println!("\n{JEMALLOC_NOTE}");
     }
 }
 
