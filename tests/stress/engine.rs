@@ -72,7 +72,7 @@ impl Knobs {
         Knobs {
             seed,
             threads: 6,
-            ops: 60_000,
+            ops: 40_000,
             duration: None,
             thread_life: 1_500,
             check_every: 10_000,
@@ -406,6 +406,7 @@ static HOLDERS: AtomicU64 = AtomicU64::new(1);
 impl Recycle for Rv {
     fn create() -> Self {
         maybe_panic("Recycle::create");
+        reenter(false);
         let id = RECYCLED_VALS.construct();
         Rv {
             id,
@@ -433,7 +434,61 @@ impl Recycle for Rv {
 impl Drop for Rv {
     fn drop(&mut self) {
         RECYCLED_VALS.destruct(self.id, self.seal);
+        reenter(true);
         maybe_panic("Rv::drop");
+    }
+}
+
+/// Off for the final trims: objects a destructor frees while `trim_all` releases would
+/// stay in the trimming thread's cache, as any user code's would after the call.
+static REENTER: AtomicBool = AtomicBool::new(true);
+
+std::thread_local! {
+    /// Whether this thread is inside `reenter`, and how many calls it has seen.
+    static REENTRY: Cell<(bool, u32)> = const { Cell::new((false, 0)) };
+}
+
+/// Every fifth `create` or drop of a recycled value on a thread uses allocators from
+/// inside the allocator (these run in slow paths, trims, releases and thread-exit
+/// teardowns): an allocation and free on another allocator and, from a drop, a value of
+/// the recycling allocator itself. Not recursively.
+fn reenter(from_drop: bool) {
+    if !REENTER.load(Ordering::Relaxed) {
+        return;
+    }
+    let go = REENTRY
+        .try_with(|r| {
+            let (inside, n) = r.get();
+            r.set((inside, n.wrapping_add(1)));
+            !inside && n % 5 == 0
+        })
+        .unwrap_or(false);
+    if !go {
+        return;
+    }
+    struct Outside;
+    impl Drop for Outside {
+        fn drop(&mut self) {
+            let _ = REENTRY.try_with(|r| r.set((false, r.get().1)));
+        }
+    }
+    REENTRY.with(|r| r.set((true, r.get().1)));
+    let _outside = Outside;
+    let v = Val::<8>::new();
+    let id = v.id;
+    let b = SMALL.alloc(v);
+    let hold = Hold::of(&SMALL_HELD);
+    b.check(id, "re-entered");
+    drop(hold);
+    drop(b);
+    if from_drop {
+        if let Ok(mut r) = RECYCLED.try_get() {
+            let h = Hold::of(&RECYCLED_HELD);
+            let holder = r.lend();
+            r.check(holder);
+            drop(h);
+            drop(r);
+        }
     }
 }
 
@@ -1060,7 +1115,38 @@ fn local_burst(rng: &mut Rng, held: &mut Vec<Item>) {
     let keep = rng.per_mille(500);
     let kept: Vec<Item> = PLAIN.with_local(|cache| {
         let mut mine: Vec<(Hold, ClassBox<'static, Val<40>>, u64)> = Vec::new();
-        for _ in 0..n {
+        for step in 0..n {
+            if step == n / 2 && rng.per_mille(250) {
+                // Inside the borrowed cache: administration of the same allocator (the
+                // pinned cache is flushed, not retired), and nested borrows.
+                match rng.below(5) {
+                    0 => PLAIN.release_thread_cache(),
+                    1 => {
+                        PLAIN.trim();
+                    }
+                    2 => {
+                        proxalloc::trim_all();
+                    }
+                    3 => PLAIN.with_local(|inner| {
+                        let v = Val::new();
+                        let id = v.id;
+                        let b = inner.alloc(v);
+                        let hold = Hold::of(&PLAIN_HELD);
+                        b.check(id, "nested local");
+                        drop(hold);
+                        cache.free(b);
+                    }),
+                    _ => SMALL.with_local(|other| {
+                        let v = Val::new();
+                        let id = v.id;
+                        let b = other.alloc(v);
+                        let hold = Hold::of(&SMALL_HELD);
+                        b.check(id, "other local");
+                        drop(hold);
+                        other.free(b);
+                    }),
+                }
+            }
             if !mine.is_empty() && rng.per_mille(400) {
                 let (hold, b, id) = mine.swap_remove(rng.below(mine.len()));
                 b.check(id, "local");
@@ -1216,6 +1302,24 @@ fn step(ctx: &Ctx, slot: usize, rng: &mut Rng, held: &mut Vec<Item>) {
         }
         79..=80 => local_burst(rng, held),
         81 => local_burst_runtime(ctx, rng),
+        82 if rng.per_mille(200) => {
+            // A block source of its own, used by a pool and dropped with it: its classes'
+            // caches on this thread go when it drops.
+            let source = BlockSource::with_block_allocator(32 << 10, Arc::new(CountingBlocks));
+            {
+                let pool = Pool::with_source(&source);
+                for _ in 0..1 + rng.below(20) {
+                    let size = [8, 900, 9000, 40_000, 100_000][rng.below(5)];
+                    let layout = Layout::from_size_align(size, 16).unwrap();
+                    let _ = pool.try_alloc_layout(layout);
+                }
+                let _ = pool.alloc_owned(PoolVal::new());
+            }
+            if rng.per_mille(500) {
+                source.trim();
+            }
+            drop(source);
+        }
         82..=84 => {
             // Pool work: a new pool, or more work on one this thread holds.
             let pos = held.iter().position(|i| matches!(i, Item::Pool(_)));
@@ -1433,6 +1537,7 @@ fn check_quiescent(ctx: &Ctx, at: &str) {
 
 /// The end: every thread joined, every handle freed, `trim_all` from this thread.
 fn check_end(ctx: &Ctx) {
+    REENTER.store(false, Ordering::Relaxed);
     // Run-time allocators still registered: checked alive, then dropped.
     let rts: Vec<Arc<Rt>> = std::mem::take(&mut *ctx.runtime.lock().unwrap());
     let recs: Vec<Arc<RtRec>> = std::mem::take(&mut *ctx.runtime_rec.lock().unwrap());
