@@ -128,9 +128,9 @@ impl MagazineTable {
     /// The descriptor with `index`.
     ///
     /// # Safety
-    /// `index` was returned by [`create_descriptor`](Self::create_descriptor) on this table (in any thread;
-    /// indices travel between threads only through release/acquire depot operations or
-    /// in descriptors already reached that way).
+    /// `index` was returned by [`create_descriptor`](Self::create_descriptor) on this
+    /// table (in any thread; indices travel between threads only through release/acquire
+    /// depot operations or in descriptors already reached that way).
     pub unsafe fn get(&self, index: u32) -> &Magazine {
         let (seg, off, _) = locate(index);
         // Acquire pairs with the Release CAS that installed the segment, so its
