@@ -126,9 +126,10 @@ struct Model<'a> {
     frees: u64,
     /// The address of the object freed by the previous step, if it freed exactly one.
     last_freed: Option<usize>,
-    /// A `trim_all` ran: it leaves a flush request on this thread's own cache (after
-    /// flushing it), so a later slow path flushes again, and LIFO reuse is not checked.
-    trimmed_all: bool,
+    /// A `trim` or `trim_all` ran: it leaves a flush request on this thread's own cache
+    /// (after flushing it), so a later slow path flushes again and LIFO reuse is not
+    /// checked (see `found_by_stress.rs`).
+    trimmed: bool,
 }
 
 impl<'a> Model<'a> {
@@ -146,7 +147,7 @@ impl<'a> Model<'a> {
             Ok(b) => {
                 prop_assert!(expect_ok, "try_alloc succeeded at the cap");
                 if let (true, false, Some(addr), CacheMode::ThreadCaches) =
-                    (checked, self.trimmed_all, self.last_freed, self.setup.mode)
+                    (checked, self.trimmed, self.last_freed, self.setup.mode)
                 {
                     // LIFO: the object just freed is the next one handed out.
                     prop_assert_eq!(ClassBox::as_ptr(&b) as usize, addr, "not LIFO");
@@ -289,7 +290,7 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
         allocs: 0,
         frees: 0,
         last_freed: None,
-        trimmed_all: false,
+        trimmed: false,
     };
     for op in &ops {
         let freed = match op {
@@ -318,11 +319,12 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Trim => {
                 a.trim();
+                m.trimmed = true;
                 None
             }
             Op::TrimAll => {
                 proxalloc::trim_all();
-                m.trimmed_all = true;
+                m.trimmed = true;
                 None
             }
             Op::Release => {
