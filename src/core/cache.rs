@@ -330,9 +330,10 @@ pub(crate) fn trim(e: &Engine) -> usize {
     };
     // Looked up after the stashes' release, which may have run user code.
     if let Lookup::Cache(c) = table::lookup(e.index(), e.instance()) {
-        // SAFETY: this thread's cache for `e`; no reference into it is live here (its
-        // flush request, set above, is left for its next sweep: a flush of an empty
-        // cache).
+        // The request `trim_stashes` set on this cache is honoured now: left pending,
+        // the next slow path would flush what this thread frees after the trim.
+        c.take_flush_request();
+        // SAFETY: this thread's cache for `e`; no reference into it is live here.
         let evictions = unsafe { e.flush(c) };
         released += e.release(evictions);
     }

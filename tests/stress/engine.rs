@@ -191,11 +191,10 @@ fn take_violations() -> Vec<String> {
 // ---------------------------------------------------------------------------------------
 // Injected panics
 
-/// The payload of a panic the engine injects (the panic hook keeps it quiet). Zero-sized,
-/// so its box allocates nothing: the allocator forgets the payloads of panics it catches
-/// in destructors (see `found_by_stress.rs`), and a payload with memory would show up
-/// in AddressSanitizer's leak check as that known leak.
-pub struct Injected;
+/// The payload of a panic the engine injects (the panic hook keeps it quiet). It has
+/// memory, so a payload that the allocator catches and fails to drop shows up in
+/// AddressSanitizer's leak check (see `found_by_stress.rs`).
+pub struct Injected(#[allow(dead_code)] [u64; 4]);
 
 static INJECTED: AtomicU64 = AtomicU64::new(0);
 
@@ -232,7 +231,7 @@ fn chaos() -> bool {
 fn maybe_panic(_what: &'static str) {
     if chaos() {
         INJECTED.fetch_add(1, Ordering::Relaxed);
-        std::panic::panic_any(Injected);
+        std::panic::panic_any(Injected([0; 4]));
     }
 }
 
