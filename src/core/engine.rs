@@ -476,45 +476,59 @@ impl Engine {
     /// cache, or `None` without one): from the cache's own permits, else a batch drawn
     /// from the shared count, else, once, every permit other threads hold (so a refusal
     /// means that `max_live` objects really are live). False: refused.
+    ///
+    /// A draw moves permits from the shared count into a cache in two steps; it holds
+    /// the cache-list lock, as does a refused thread's count of every cache's permits,
+    /// so no permit is ever between the two where that count would miss it (a refusal
+    /// with permits in flight, under `max_live`). The lock is taken once per batch.
     pub(crate) fn take_credit(&self, c: Option<Owner<'_>>) -> bool {
         if c.is_some_and(Owner::take_credit) {
             return true;
         }
-        for attempt in 0..2 {
-            let batch = c.map_or(1, |_| self.credit_batch as usize);
-            let drawn = self
-                .available
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| {
-                    a.checked_sub(a.min(batch)).filter(|_| a > 0)
-                });
-            if let Ok(before) = drawn {
-                let got = before.min(batch);
-                if let Some(c) = c {
-                    c.add_credits(got as u32 - 1);
-                }
-                return true;
-            }
-            if attempt == 0 {
-                let list = sync::lock(&self.cache_list);
-                for &other in &list.caches {
-                    // SAFETY: registered caches stay allocated while the lock is held.
-                    let n = unsafe { ThreadCache::seize_credits(other) };
-                    self.available.fetch_add(n as usize, Ordering::Relaxed);
-                }
-                // This thread's own permits were taken too: it draws below like anyone.
-            }
+        let list = sync::lock(&self.cache_list);
+        if self.draw_credits(c) {
+            return true;
         }
-        false
+        for &other in &list.caches {
+            // SAFETY: registered caches stay allocated while the lock is held.
+            let n = unsafe { ThreadCache::seize_credits(other) };
+            self.available.fetch_add(n as usize, Ordering::Relaxed);
+        }
+        // This thread's own permits were taken too: it draws again like anyone.
+        self.draw_credits(c)
+    }
+
+    /// Draws one permit for this thread from the shared count, and a batch's spares
+    /// into its cache `c`. False when the count is empty. Called under the cache-list
+    /// lock (see [`take_credit`](Self::take_credit)).
+    fn draw_credits(&self, c: Option<Owner<'_>>) -> bool {
+        let batch = c.map_or(1, |_| self.credit_batch as usize);
+        let drawn = self
+            .available
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| {
+                a.checked_sub(a.min(batch)).filter(|_| a > 0)
+            });
+        let Ok(before) = drawn else {
+            return false;
+        };
+        if let Some(c) = c {
+            c.add_credits(before.min(batch) as u32 - 1);
+        }
+        true
     }
 
     /// Gives back the permit of an object being freed (to `c`, this thread's cache, or
-    /// to the shared count); a cache holding more than two batches returns one.
+    /// to the shared count); a cache holding more than two batches returns one, under
+    /// the cache-list lock for the reason [`take_credit`](Self::take_credit) gives.
     pub(crate) fn return_credit(&self, c: Option<Owner<'_>>) {
         let batch = self.credit_batch;
         match c {
             Some(c) => {
-                if c.add_credits(1) > 2 * batch && c.give_back_credits(batch) {
-                    self.available.fetch_add(batch as usize, Ordering::Relaxed);
+                if c.add_credits(1) > 2 * batch {
+                    let _list = sync::lock(&self.cache_list);
+                    if c.give_back_credits(batch) {
+                        self.available.fetch_add(batch as usize, Ordering::Relaxed);
+                    }
                 }
             }
             None => {
