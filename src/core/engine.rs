@@ -339,9 +339,7 @@ impl Engine {
         if let Some(prev) = o.take_previous() {
             // SAFETY: a descriptor of this engine's table, owned by the cache.
             let prev = unsafe { self.mag(prev) };
-            if (c.stash_len() as usize + 1) * self.magazine_bytes <= c.grant() {
-                c.stash_push(prev);
-            } else {
+            if !c.stash_push_within_grant(prev, self.magazine_bytes) {
                 c.note_spill();
                 evictions.push(self.put(c, prev));
             }

@@ -439,11 +439,6 @@ impl<'c> Owner<'c> {
             .is_ok()
     }
 
-    /// Magazines in the stash now.
-    pub(crate) fn stash_len(self) -> u32 {
-        stash_parts(self.stash.load(Ordering::Relaxed)).0
-    }
-
     /// Bytes of the process-wide budget this cache holds.
     pub(crate) fn grant(self) -> usize {
         self.grant.load(Ordering::Relaxed)
@@ -454,11 +449,22 @@ impl<'c> Owner<'c> {
         self.grant.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// Pushes `mag` (full, owned by this cache) onto the stash.
-    pub(crate) fn stash_push(self, mag: &Magazine) {
-        let mut head = self.stash.load(Ordering::Relaxed);
+    /// Pushes `mag` (full, owned by this cache) onto the stash if the grant pays for one
+    /// more magazine of `magazine_bytes`; false, with nothing changed, if it does not.
+    ///
+    /// The grant is checked each time the head is read, not once before: an
+    /// administrator takes the grant and then the stash (`Engine::seize_stash`), and an
+    /// owner whose CAS fails because the stash was taken reads the head again with
+    /// Acquire, which pairs with the taker's swap, so it sees the grant gone too. A check
+    /// made once, before the loop, let the push land in a taken stash with no grant
+    /// behind it (one magazine over, until the owner's next sweep).
+    pub(crate) fn stash_push_within_grant(self, mag: &Magazine, magazine_bytes: usize) -> bool {
+        let mut head = self.stash.load(Ordering::Acquire);
         loop {
             let (len, top) = stash_parts(head);
+            if (len as usize + 1) * magazine_bytes > self.grant.load(Ordering::Relaxed) {
+                return false;
+            }
             mag.next.store(top, Ordering::Relaxed);
             // Release: the rounds and link written before this become visible to an
             // administrator that takes the stash (its swap is Acquire).
@@ -466,9 +472,9 @@ impl<'c> Owner<'c> {
                 head,
                 stash_head(len + 1, mag.index),
                 Ordering::Release,
-                Ordering::Relaxed,
+                Ordering::Acquire,
             ) {
-                Ok(_) => return,
+                Ok(_) => return true,
                 Err(now) => head = now,
             }
         }
