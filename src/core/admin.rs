@@ -174,6 +174,9 @@ impl Engine {
                 unsafe { ThreadCache::counters(c) }.read_into(&mut n);
             }
         }
+        if let Some(pc) = &self.percpu {
+            pc.read_counts(&mut n);
+        }
         let backing_allocs = self.backing().allocs();
         let backing_frees = self.backing().frees();
         let live = n.allocs.saturating_sub(n.frees);
@@ -194,6 +197,7 @@ impl Engine {
             spills: n.spills,
             overflows: n.overflows,
             threads,
+            mode: self.mode,
         }
     }
 }
