@@ -477,11 +477,6 @@ pub(crate) fn trim(e: &Engine) -> usize {
 /// As for [`Engine::shutdown`].
 pub(crate) unsafe fn shutdown(e: &Engine) {
     table::uninstall(e);
-    if let Some(pc) = e.percpu() {
-        // No thread can be using the allocator: every CPU's magazines go to the depot,
-        // which the engine's shutdown then releases.
-        e.release(e.cpu_shutdown(pc));
-    }
     // SAFETY: forwarded.
     unsafe { e.shutdown() }
 }

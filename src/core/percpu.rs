@@ -376,6 +376,12 @@ impl Engine {
     /// back with the next trim. Returns the evictions to release.
     pub(crate) fn cpu_reclaim(&self, pc: &PerCpu) -> Evictions {
         let mut evictions = Evictions::default();
+        // Reclaimers and the allocator's drop take the cache-list lock, so no two of
+        // them hold one CPU's cache (the lock is not on any fast or slow path).
+        let _list = crate::sync::lock(&self.cache_list);
+        if !self.is_alive() {
+            return evictions;
+        }
         for (cpu, cache) in pc.caches.iter().enumerate() {
             let Some(h) = stop(cache, cpu as u32) else {
                 continue;
@@ -385,9 +391,10 @@ impl Engine {
         evictions
     }
 
-    /// The allocator is being dropped (no thread can be using it): every CPU's
-    /// magazines go back, their objects released (the engine is dead, so the depot
-    /// evicts them). Returns the evictions to release.
+    /// The allocator is being dropped (no thread can be using it; the caller holds the
+    /// cache-list lock, so no reclaimer is at work): every CPU's magazines go back, their
+    /// objects released (the engine is dead, so the depot evicts them). Returns the
+    /// evictions to release.
     pub(crate) fn cpu_shutdown(&self, pc: &PerCpu) -> Evictions {
         let mut evictions = Evictions::default();
         for cache in pc.caches.iter() {
