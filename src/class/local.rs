@@ -113,7 +113,7 @@ impl<'a, T> LocalCache<'a, T> {
     #[inline(always)]
     #[must_use = "dropping the handle frees the object at once"]
     pub fn alloc_with(&self, init: impl FnOnce() -> T) -> ClassBox<'a, T> {
-        if self.alloc.capped() {
+        if self.cache.direct() {
             return self.alloc.alloc_with(init);
         }
         let object = self.cache.alloc(self.engine());
@@ -162,7 +162,7 @@ impl<'a, T> LocalCache<'a, T> {
             self.alloc.name,
             object.alloc.name,
         );
-        if self.alloc.capped() {
+        if self.cache.direct() {
             return drop(object);
         }
         let ptr = ClassBox::into_raw(object);

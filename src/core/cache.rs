@@ -39,10 +39,9 @@ use crate::sync::{self, const_fn, Arc};
 pub(crate) struct Hints {
     index: sync::process::AtomicU32,
     instance: sync::process::AtomicU64,
-    /// The per-CPU caches (null for other allocators), their number and capacity.
+    /// Where the per-CPU caches are (null for other allocators): in the engine, which
+    /// lives as long as the allocator that holds these hints.
     cpus: sync::process::AtomicPtr<u8>,
-    ncpu: sync::process::AtomicU32,
-    cap: sync::process::AtomicU32,
 }
 
 impl Hints {
@@ -54,8 +53,6 @@ impl Hints {
                 index: sync::process::AtomicU32::new(u32::MAX),
                 instance: sync::process::AtomicU64::new(u64::MAX),
                 cpus: sync::process::AtomicPtr::new(std::ptr::null_mut()),
-                ncpu: sync::process::AtomicU32::new(0),
-                cap: sync::process::AtomicU32::new(0),
             }
         }
     }
@@ -66,10 +63,8 @@ impl Hints {
     pub(crate) fn set(&self, engine: &Engine, capped: bool) {
         use crate::sync::Ordering;
         if let Some(pc) = engine.percpu() {
-            let cpus = pc.cpus(std::ptr::null_mut());
-            self.ncpu.store(cpus.ncpu, Ordering::Relaxed);
-            self.cap.store(cpus.cap, Ordering::Relaxed);
-            self.cpus.store(cpus.base, Ordering::Relaxed);
+            let array = std::ptr::from_ref(pc.array()).cast_mut().cast();
+            self.cpus.store(array, Ordering::Relaxed);
             return;
         }
         self.index.store(engine.index(), Ordering::Relaxed);
@@ -81,8 +76,8 @@ impl Hints {
     /// A per-CPU allocator's caches, for a thread whose rseq area is set up.
     #[inline(always)]
     fn cpus(&self) -> Option<rseq::Cpus> {
-        let base = sync::relaxed::load_ptr(&self.cpus);
-        if base.is_null() {
+        let array = sync::relaxed::load_ptr(&self.cpus);
+        if array.is_null() {
             return None;
         }
         let area = rseq::current_area();
@@ -91,9 +86,7 @@ impl Hints {
         }
         Some(rseq::Cpus {
             area,
-            base,
-            ncpu: sync::relaxed::load_u32(&self.ncpu),
-            cap: sync::relaxed::load_u32(&self.cap),
+            array: array.cast_const().cast(),
         })
     }
 
@@ -336,95 +329,73 @@ unsafe fn free_capped(e: &Arc<Engine>, p: NonNull<u8>) {
     }
 }
 
-/// The cache for one engine, in hand for a `with_local` call: this thread's cache,
-/// pinned, so `release_thread_cache` (from user code in the call) flushes it instead of
-/// retiring it; or, for a per-CPU allocator, this thread's rseq area (the CPU is
-/// whichever the thread runs on at each operation). On drop it honours flush requests
-/// posted meanwhile (an event loop that only ever hits its cache takes no slow path that
-/// would).
+/// This thread's cache for one engine, in hand for a `with_local` call: pinned, so
+/// `release_thread_cache` (from user code in the call) flushes it instead of retiring
+/// it. On drop it honours flush requests posted meanwhile (an event loop that only ever
+/// hits its cache takes no slow path that would).
+///
+/// A capped or per-CPU engine holds no cache here ([`direct`](Self::direct)): its
+/// operations take the allocator's own paths, which count permits or find the CPU.
 pub(crate) struct Pinned {
-    cache: PinnedCache,
-}
-
-enum PinnedCache {
-    /// This thread's cache, and the pin that keeps it from being retired meanwhile.
-    Thread(Owner<'static>, #[allow(dead_code)] Pin),
-    /// This thread's rseq area, for the engine's per-CPU caches.
-    Cpu(*mut u8),
-    /// No thread-local storage: objects go straight to and from the backing allocator.
-    None,
+    /// `None` without thread-local storage (objects go straight to and from the backing
+    /// allocator), or for a direct engine.
+    cache: Option<(Owner<'static>, Pin)>,
+    direct: bool,
 }
 
 impl Pinned {
-    /// The cache for `e`: its per-CPU caches if it has them and this thread can use
-    /// rseq, else this thread's cache, pinned (registering one).
+    /// Pins this thread's cache for `e` (registering one), unless `e` is direct.
     pub(crate) fn new(e: &Arc<Engine>) -> Self {
-        if e.percpu().is_some() {
-            let area = rseq::thread_area();
-            if !area.is_null() {
-                return Pinned {
-                    cache: PinnedCache::Cpu(area),
-                };
-            }
-        }
+        let direct = e.capped() || e.percpu().is_some();
         Pinned {
-            cache: match cache_or_register(e) {
-                Some(c) => PinnedCache::Thread(c, Pin::new(c)),
-                None => PinnedCache::None,
+            cache: if direct {
+                None
+            } else {
+                cache_or_register(e).map(|c| (c, Pin::new(c)))
             },
+            direct,
         }
     }
 
-    /// An object of `e` (the engine this was pinned for); see [`alloc`]. Not for capped
+    /// Whether the engine's operations must take the allocator's own paths (it is
+    /// capped, or has per-CPU caches), not this.
+    #[inline(always)]
+    pub(crate) fn direct(&self) -> bool {
+        self.direct
+    }
+
+    /// An object of `e` (the engine this was pinned for); see [`alloc`]. Not for direct
     /// engines.
     #[inline(always)]
     pub(crate) fn alloc(&self, e: &Engine) -> Option<NonNull<u8>> {
-        debug_assert!(!e.capped());
+        debug_assert!(!self.direct);
         match self.cache {
             // SAFETY: this thread's cache for `e`, pinned for the whole call; nothing
             // borrows its owner part between calls into the allocator.
-            PinnedCache::Thread(c, _) => unsafe { alloc_from(e, c) },
-            PinnedCache::Cpu(area) => {
-                let pc = e.percpu()?;
-                // SAFETY: this thread's registered area and `e`'s live caches.
-                match NonNull::new(unsafe { rseq::pop(pc.cpus(area)) }) {
-                    Some(p) => Some(p),
-                    None => alloc_cpu_slow(e, pc, area),
-                }
-            }
-            PinnedCache::None => e.alloc_backing(),
+            Some((c, _)) => unsafe { alloc_from(e, c) },
+            None => e.alloc_backing(),
         }
     }
 
-    /// Gives `p` back to `e` (the engine this was pinned for). Not for capped engines.
+    /// Gives `p` back to `e` (the engine this was pinned for). Not for direct engines.
     ///
     /// # Safety
     /// As for [`free`].
     #[inline(always)]
     pub(crate) unsafe fn free(&self, e: &Engine, p: NonNull<u8>) {
-        debug_assert!(!e.capped());
+        debug_assert!(!self.direct);
         match self.cache {
             // SAFETY: as in `alloc`; `p` as promised.
-            PinnedCache::Thread(c, _) => unsafe { free_into(e, c, p) },
-            PinnedCache::Cpu(area) => match e.percpu() {
-                // SAFETY: as in `alloc`; `p` as promised.
-                Some(pc) => unsafe {
-                    if !rseq::push(pc.cpus(area), p.as_ptr()) {
-                        free_cpu_slow(e, pc, area, p);
-                    }
-                },
-                // SAFETY: forwarded (never taken: `Cpu` is made for per-CPU engines).
-                None => unsafe { e.free_backing(p) },
-            },
+            Some((c, _)) => unsafe { free_into(e, c, p) },
             // SAFETY: forwarded.
-            PinnedCache::None => unsafe { e.free_backing(p) },
+            None => unsafe { e.free_backing(p) },
         }
     }
 }
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        self.cache = PinnedCache::None; // unpins a thread cache
+        drop(self.cache.take());
         table::honour_flush_requests();
     }
 }

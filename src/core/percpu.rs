@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU64, Ordering};
 use super::depot::Eviction;
 use super::engine::{Engine, Evictions};
 use super::magazine::Magazine;
-use super::rseq::{self, Cpus};
+use super::rseq::{self, CpuArray, Cpus};
 use super::thread_cache::Counts;
 
 /// One CPU's cache of one allocator. The fast paths' sequences read `word` and `slots`
@@ -63,9 +63,15 @@ pub(crate) struct CpuCache {
 #[derive(Debug)]
 pub(crate) struct PerCpu {
     caches: Box<[CpuCache]>,
-    /// Objects per magazine.
-    cap: u32,
+    /// Where they are, as the sequences read it (`array.base` is `caches`).
+    array: CpuArray,
 }
+
+// SAFETY: `array.base` points into `caches`, owned alongside it; every access to the
+// caches follows the module's rules (atomics, sequences on the owning CPU, holders).
+unsafe impl Send for PerCpu {}
+// SAFETY: as above.
+unsafe impl Sync for PerCpu {}
 
 // The sequences address a CPU's cache as `base + cpu * 64`, its word at 0 and its slot
 // array at 8.
@@ -97,7 +103,7 @@ impl PerCpu {
         if !rseq::available() {
             return None;
         }
-        let caches = (0..possible_cpus())
+        let caches: Box<[CpuCache]> = (0..possible_cpus())
             .map(|_| CpuCache {
                 word: AtomicU64::new(rseq::EMPTY),
                 slots: AtomicPtr::new(ptr::null_mut()),
@@ -107,20 +113,26 @@ impl PerCpu {
                 net: AtomicI64::new(0),
             })
             .collect();
-        Some(PerCpu {
-            caches,
+        let array = CpuArray {
+            base: caches.as_ptr().cast_mut().cast(),
+            ncpu: caches.len() as u32,
             cap: cap as u32,
-        })
+        };
+        Some(PerCpu { caches, array })
     }
 
-    /// What the fast paths need, for the thread with rseq area `area`.
+    /// What the sequences read: the array's place, count and capacity.
+    #[inline(always)]
+    pub(crate) fn array(&self) -> &CpuArray {
+        &self.array
+    }
+
+    /// What the sequences need, for the thread with rseq area `area`.
     #[inline(always)]
     pub(crate) fn cpus(&self, area: *mut u8) -> Cpus {
         Cpus {
             area,
-            base: self.caches.as_ptr().cast_mut().cast(),
-            ncpu: self.caches.len() as u32,
-            cap: self.cap,
+            array: &self.array,
         }
     }
 

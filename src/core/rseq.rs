@@ -54,6 +54,31 @@ pub(crate) const fn ops(word: u64) -> u64 {
     word >> 16
 }
 
+/// Where an allocator's per-CPU caches are, as the sequences read it from memory:
+/// `base` is an array of 64-byte caches indexed by CPU number (`ncpu` of them), each
+/// starting with its word (`u64`) and its loaded magazine's slot array
+/// (`*mut *mut u8`); `cap` is the magazine capacity (below [`BUSY_MIN`]).
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct CpuArray {
+    pub(crate) base: *mut u8,
+    pub(crate) ncpu: u32,
+    pub(crate) cap: u32,
+}
+
+// The sequences read `ncpu` at 8 and `cap` at 12.
+const _: () = {
+    assert!(std::mem::offset_of!(CpuArray, ncpu) == 8);
+    assert!(std::mem::offset_of!(CpuArray, cap) == 12);
+};
+
+/// What a sequence works on: the calling thread's rseq area and an allocator's array.
+#[derive(Clone, Copy)]
+pub(crate) struct Cpus {
+    pub(crate) area: *mut u8,
+    pub(crate) array: *const CpuArray,
+}
+
 pub(crate) use imp::*;
 
 #[cfg(all(
@@ -63,6 +88,7 @@ pub(crate) use imp::*;
     not(proxalloc_loom)
 ))]
 mod imp {
+    use super::Cpus;
     use std::cell::{Cell, UnsafeCell};
     use std::ffi::{c_char, c_long, c_void};
     // std atomics, not the `sync` facade's: this module is compiled out under loom.
@@ -361,29 +387,19 @@ mod imp {
 
     /// The per-CPU cache of the running CPU, into `{c}` (whose low 32 bits held the CPU
     /// number): `base + cpu * 64`. Jumps to the end (fails) if the CPU number is not below
-    /// `ncpu` (an unregistered area reads as CPU `u32::MAX`).
+    /// `ncpu` (an unregistered area reads as CPU `u32::MAX`). The array's fields are read
+    /// from memory, not registers: the sequences then need two registers fewer, which
+    /// keeps the callers of the fast paths from saving one more.
     macro_rules! this_cpu {
         () => {
             concat!(
                 "mov {c:e}, dword ptr [{area} + 4]\n",
-                "cmp {c:e}, {ncpu:e}\n",
+                "cmp {c:e}, dword ptr [{arr} + 8]\n",
                 "jae 5f\n",
                 "shl {c}, 6\n",
-                "add {c}, {base}"
+                "add {c}, qword ptr [{arr}]"
             )
         };
-    }
-
-    /// Where one CPU's cache is: `base` is an array of 64-byte caches indexed by CPU
-    /// number (`ncpu` of them), each starting with its word (`u64`) and its loaded
-    /// magazine's slot array (`*mut *mut u8`); `cap` is the magazine capacity (below
-    /// [`super::BUSY_MIN`]).
-    #[derive(Clone, Copy)]
-    pub(crate) struct Cpus {
-        pub(crate) area: *mut u8,
-        pub(crate) base: *mut u8,
-        pub(crate) ncpu: u32,
-        pub(crate) cap: u32,
     }
 
     /// Pops the running CPU's loaded magazine: an object, or null (the magazine is empty,
@@ -406,7 +422,7 @@ mod imp {
                     "mov {w}, qword ptr [{c}]",
                     "movzx {l:e}, {w:x}",
                     "sub {l:e}, 1",
-                    "cmp {l:e}, {cap:e}",
+                    "cmp {l:e}, dword ptr [{arr} + 12]",
                     "jae 5f",
                     "mov {t}, qword ptr [{c} + 8]",
                     "mov {out}, qword ptr [{t} + {l} * 8]",
@@ -415,9 +431,7 @@ mod imp {
                     "mov qword ptr [{c}], {w}",
                 ),
                 area = in(reg) cpus.area,
-                base = in(reg) cpus.base,
-                ncpu = in(reg) cpus.ncpu,
-                cap = in(reg) cpus.cap,
+                arr = in(reg) cpus.array,
                 out = out(reg) out,
                 c = out(reg) _,
                 w = out(reg) _,
@@ -449,7 +463,7 @@ mod imp {
                     this_cpu!(),
                     "mov {w}, qword ptr [{c}]",
                     "movzx {l:e}, {w:x}",
-                    "cmp {l:e}, {cap:e}",
+                    "cmp {l:e}, dword ptr [{arr} + 12]",
                     "jae 5f",
                     "mov {t}, qword ptr [{c} + 8]",
                     "mov qword ptr [{t} + {l} * 8], {p}",
@@ -459,9 +473,7 @@ mod imp {
                     "mov qword ptr [{c}], {w}",
                 ),
                 area = in(reg) cpus.area,
-                base = in(reg) cpus.base,
-                ncpu = in(reg) cpus.ncpu,
-                cap = in(reg) cpus.cap,
+                arr = in(reg) cpus.array,
                 p = in(reg) p,
                 ok = out(reg) ok,
                 c = out(reg) _,
@@ -495,11 +507,11 @@ mod imp {
                 sequence!(
                     "xor {got:e}, {got:e}",
                     "mov {c:e}, dword ptr [{area} + 4]",
-                    "cmp {c:e}, {ncpu:e}",
+                    "cmp {c:e}, dword ptr [{arr} + 8]",
                     "jae 5f",
                     "lea {n}, [{c} + 1]",
                     "shl {c}, 6",
-                    "add {c}, {base}",
+                    "add {c}, qword ptr [{arr}]",
                     "mov {w}, qword ptr [{c}]",
                     "movzx {t:e}, {w:x}",
                     "cmp {t:e}, 0xfffe",
@@ -511,8 +523,7 @@ mod imp {
                     "mov qword ptr [{c}], {t}",
                 ),
                 area = in(reg) cpus.area,
-                base = in(reg) cpus.base,
-                ncpu = in(reg) cpus.ncpu,
+                arr = in(reg) cpus.array,
                 got = out(reg) got,
                 w = out(reg) word,
                 c = out(reg) _,
@@ -553,15 +564,6 @@ mod imp {
         0
     }
 
-    /// Never used: `available` is false.
-    #[derive(Clone, Copy)]
-    pub(crate) struct Cpus {
-        pub(crate) area: *mut u8,
-        pub(crate) base: *mut u8,
-        pub(crate) ncpu: u32,
-        pub(crate) cap: u32,
-    }
-
     /// No area here.
     #[inline(always)]
     pub(crate) fn current_area() -> *mut u8 {
@@ -572,6 +574,8 @@ mod imp {
     pub(crate) fn thread_area() -> *mut u8 {
         std::ptr::null_mut()
     }
+
+    use super::Cpus;
 
     /// Never called (no area).
     #[inline(always)]
@@ -628,11 +632,14 @@ mod tests {
                 slots: a.as_mut_ptr(),
             })
             .collect();
-        let cpus = Cpus {
-            area: thread_area(),
+        let array = CpuArray {
             base: caches.as_ptr() as *mut u8,
             ncpu: n,
             cap: 4,
+        };
+        let cpus = Cpus {
+            area: thread_area(),
+            array: &array,
         };
         let tokens: Vec<*mut u8> = (1..=3usize).map(|i| (i * 8) as *mut u8).collect();
         let mut pushed = 0;
