@@ -31,10 +31,11 @@ pub fn leak<T>(v: T) -> &'static T {
 
 /// Writes a [`Contender`] impl: the same three methods for every contender, each
 /// `#[inline(always)]`, so that a workload's loop is measured with the contender's code
-/// inlined into it, as a program calling that allocator directly would have it (a call per
-/// operation would be part of the figure, and a generic harness does not always get the
-/// inlining a direct caller gets). `free` may be left out when dropping the handle frees
-/// the object, and `touch` when the handle dereferences to it.
+/// inlined into it, as a program calling that allocator directly has it: a generic
+/// harness does not always get the inlining a direct caller gets, and a call per
+/// operation would be part of the figure (`docs/benchmarks.md#localcache-inlined`).
+/// `free` may be left out when dropping the handle frees the object, and `touch` when
+/// the handle dereferences to it.
 macro_rules! contender {
     (
         $(#[$attr:meta])*
