@@ -1,7 +1,8 @@
 //! The cache seam: how a front end reaches the cache nearest to the running code for
-//! one allocator. Today that is this thread's cache (found through the thread-local
-//! [`table`]); whatever kind of cache serves an allocator, the class layer
-//! calls these functions and nothing below them.
+//! one allocator: this thread's cache (found through the thread-local [`table`]), or,
+//! for a per-CPU allocator, this CPU's ([`percpu`](super::percpu), through restartable
+//! sequences). Whatever kind of cache serves an allocator, the class layer calls these
+//! functions and nothing below them.
 //!
 //! - [`Hints`]: the fast paths (inlined into every allocation and free): find the cache
 //!   from copies of the engine's numbers, pop or push one pointer.
@@ -18,6 +19,8 @@
 use std::ptr::NonNull;
 
 use super::engine::Engine;
+use super::percpu::PerCpu;
+use super::rseq;
 use super::table::{self, Lookup};
 use super::thread_cache::{Owner, Pin};
 use crate::registry::Registered;
@@ -29,10 +32,17 @@ use crate::sync::{self, const_fn, Arc};
 /// atomics even under loom: nothing is published through them): until they are set
 /// they match no cache, and a mismatch takes the slow path, which uses the engine's own
 /// numbers.
+///
+/// A per-CPU allocator's hints match no thread cache (its index stays unset); they
+/// point at its CPU caches instead, which the fast paths then use.
 #[derive(Debug)]
 pub(crate) struct Hints {
     index: sync::process::AtomicU32,
     instance: sync::process::AtomicU64,
+    /// The per-CPU caches (null for other allocators), their number and capacity.
+    cpus: sync::process::AtomicPtr<u8>,
+    ncpu: sync::process::AtomicU32,
+    cap: sync::process::AtomicU32,
 }
 
 impl Hints {
@@ -43,6 +53,9 @@ impl Hints {
             Hints {
                 index: sync::process::AtomicU32::new(u32::MAX),
                 instance: sync::process::AtomicU64::new(u64::MAX),
+                cpus: sync::process::AtomicPtr::new(std::ptr::null_mut()),
+                ncpu: sync::process::AtomicU32::new(0),
+                cap: sync::process::AtomicU32::new(0),
             }
         }
     }
@@ -52,10 +65,36 @@ impl Hints {
     /// the slow path.
     pub(crate) fn set(&self, engine: &Engine, capped: bool) {
         use crate::sync::Ordering;
+        if let Some(pc) = engine.percpu() {
+            let cpus = pc.cpus(std::ptr::null_mut());
+            self.ncpu.store(cpus.ncpu, Ordering::Relaxed);
+            self.cap.store(cpus.cap, Ordering::Relaxed);
+            self.cpus.store(cpus.base, Ordering::Relaxed);
+            return;
+        }
         self.index.store(engine.index(), Ordering::Relaxed);
         if !capped {
             self.instance.store(engine.instance(), Ordering::Relaxed);
         }
+    }
+
+    /// A per-CPU allocator's caches, for a thread whose rseq area is set up.
+    #[inline(always)]
+    fn cpus(&self) -> Option<rseq::Cpus> {
+        let base = sync::relaxed::load_ptr(&self.cpus);
+        if base.is_null() {
+            return None;
+        }
+        let area = rseq::current_area();
+        if area.is_null() {
+            return None;
+        }
+        Some(rseq::Cpus {
+            area,
+            base,
+            ncpu: sync::relaxed::load_u32(&self.ncpu),
+            cap: sync::relaxed::load_u32(&self.cap),
+        })
     }
 
     /// This thread's inline cache, if it has one (see [`table::lookup_fast`]).
@@ -74,7 +113,14 @@ impl Hints {
     /// caller's value can be built straight into the object.
     #[inline(always)]
     pub(crate) fn alloc(&self) -> Option<NonNull<u8>> {
-        self.owner()?.pop()
+        match self.owner() {
+            Some(c) => c.pop(),
+            None => {
+                let cpus = self.cpus()?;
+                // SAFETY: this thread's registered area and the allocator's live caches.
+                NonNull::new(unsafe { rseq::pop(cpus) })
+            }
+        }
     }
 
     /// The fast path of a free: `p` into this thread's loaded magazine; false (with
@@ -86,7 +132,11 @@ impl Hints {
     pub(crate) unsafe fn free(&self, p: NonNull<u8>) -> bool {
         match self.owner() {
             Some(c) => c.push(p),
-            None => false,
+            None => match self.cpus() {
+                // SAFETY: as in `alloc`; `p` as the caller promised.
+                Some(cpus) => unsafe { rseq::push(cpus, p.as_ptr()) },
+                None => false,
+            },
         }
     }
 }
@@ -182,10 +232,37 @@ pub(crate) fn alloc(e: &Arc<Engine>) -> Option<NonNull<u8>> {
     if e.capped() {
         return alloc_capped(e);
     }
+    if let Some(pc) = e.percpu() {
+        let area = rseq::thread_area();
+        if !area.is_null() {
+            return alloc_cpu_slow(e, pc, area);
+        }
+    }
     match cache_or_register(e) {
         // SAFETY: this thread's cache for `e`, just looked up.
         Some(c) => unsafe { alloc_from(e, c) },
         None => e.alloc_backing(),
+    }
+}
+
+/// A per-CPU allocation that the fast path could not serve (see [`Engine::cpu_alloc`]).
+#[cold]
+#[inline(never)]
+fn alloc_cpu_slow(e: &Engine, pc: &PerCpu, area: *mut u8) -> Option<NonNull<u8>> {
+    e.cpu_alloc(pc, area).or_else(|| e.alloc_backing())
+}
+
+/// A per-CPU free that the fast path could not take (see [`Engine::cpu_free`]).
+///
+/// # Safety
+/// As for [`free`].
+#[cold]
+#[inline(never)]
+unsafe fn free_cpu_slow(e: &Engine, pc: &PerCpu, area: *mut u8, p: NonNull<u8>) {
+    // SAFETY: forwarded.
+    if !unsafe { e.cpu_free(pc, area, p) } {
+        // SAFETY: forwarded.
+        unsafe { e.free_backing(p) }
     }
 }
 
@@ -198,6 +275,13 @@ pub(crate) unsafe fn free(e: &Arc<Engine>, p: NonNull<u8>) {
     if e.capped() {
         // SAFETY: forwarded.
         return unsafe { free_capped(e, p) };
+    }
+    if let Some(pc) = e.percpu() {
+        let area = rseq::thread_area();
+        if !area.is_null() {
+            // SAFETY: forwarded.
+            return unsafe { free_cpu_slow(e, pc, area, p) };
+        }
     }
     match cache_or_register(e) {
         // SAFETY: this thread's cache for `e`, just looked up; `p` as promised.
@@ -252,21 +336,42 @@ unsafe fn free_capped(e: &Arc<Engine>, p: NonNull<u8>) {
     }
 }
 
-/// This thread's cache for one engine, in hand for a `with_local` call: pinned, so
-/// `release_thread_cache` (from user code in the call) flushes it instead of retiring
-/// it. On drop it honours flush requests posted meanwhile (an event loop that only ever
-/// hits its cache takes no slow path that would).
+/// The cache for one engine, in hand for a `with_local` call: this thread's cache,
+/// pinned, so `release_thread_cache` (from user code in the call) flushes it instead of
+/// retiring it; or, for a per-CPU allocator, this thread's rseq area (the CPU is
+/// whichever the thread runs on at each operation). On drop it honours flush requests
+/// posted meanwhile (an event loop that only ever hits its cache takes no slow path that
+/// would).
 pub(crate) struct Pinned {
-    /// `None` without thread-local storage: then objects go straight to and from the
-    /// backing allocator.
-    cache: Option<(Owner<'static>, Pin)>,
+    cache: PinnedCache,
+}
+
+enum PinnedCache {
+    /// This thread's cache, and the pin that keeps it from being retired meanwhile.
+    Thread(Owner<'static>, #[allow(dead_code)] Pin),
+    /// This thread's rseq area, for the engine's per-CPU caches.
+    Cpu(*mut u8),
+    /// No thread-local storage: objects go straight to and from the backing allocator.
+    None,
 }
 
 impl Pinned {
-    /// Pins this thread's cache for `e` (registering one).
+    /// The cache for `e`: its per-CPU caches if it has them and this thread can use
+    /// rseq, else this thread's cache, pinned (registering one).
     pub(crate) fn new(e: &Arc<Engine>) -> Self {
+        if e.percpu().is_some() {
+            let area = rseq::thread_area();
+            if !area.is_null() {
+                return Pinned {
+                    cache: PinnedCache::Cpu(area),
+                };
+            }
+        }
         Pinned {
-            cache: cache_or_register(e).map(|c| (c, Pin::new(c))),
+            cache: match cache_or_register(e) {
+                Some(c) => PinnedCache::Thread(c, Pin::new(c)),
+                None => PinnedCache::None,
+            },
         }
     }
 
@@ -278,8 +383,16 @@ impl Pinned {
         match self.cache {
             // SAFETY: this thread's cache for `e`, pinned for the whole call; nothing
             // borrows its owner part between calls into the allocator.
-            Some((c, _)) => unsafe { alloc_from(e, c) },
-            None => e.alloc_backing(),
+            PinnedCache::Thread(c, _) => unsafe { alloc_from(e, c) },
+            PinnedCache::Cpu(area) => {
+                let pc = e.percpu()?;
+                // SAFETY: this thread's registered area and `e`'s live caches.
+                match NonNull::new(unsafe { rseq::pop(pc.cpus(area)) }) {
+                    Some(p) => Some(p),
+                    None => alloc_cpu_slow(e, pc, area),
+                }
+            }
+            PinnedCache::None => e.alloc_backing(),
         }
     }
 
@@ -292,16 +405,26 @@ impl Pinned {
         debug_assert!(!e.capped());
         match self.cache {
             // SAFETY: as in `alloc`; `p` as promised.
-            Some((c, _)) => unsafe { free_into(e, c, p) },
+            PinnedCache::Thread(c, _) => unsafe { free_into(e, c, p) },
+            PinnedCache::Cpu(area) => match e.percpu() {
+                // SAFETY: as in `alloc`; `p` as promised.
+                Some(pc) => unsafe {
+                    if !rseq::push(pc.cpus(area), p.as_ptr()) {
+                        free_cpu_slow(e, pc, area, p);
+                    }
+                },
+                // SAFETY: forwarded (never taken: `Cpu` is made for per-CPU engines).
+                None => unsafe { e.free_backing(p) },
+            },
             // SAFETY: forwarded.
-            None => unsafe { e.free_backing(p) },
+            PinnedCache::None => unsafe { e.free_backing(p) },
         }
     }
 }
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        drop(self.cache.take());
+        self.cache = PinnedCache::None; // unpins a thread cache
         table::honour_flush_requests();
     }
 }
@@ -325,9 +448,15 @@ pub(crate) fn release_thread_cache(e: &Engine) -> usize {
 /// path), this thread's cache, and the depot. Returns the number of objects released
 /// (0 for a dead allocator: its caches are their owners' to release).
 pub(crate) fn trim(e: &Engine) -> usize {
+    // Every CPU's magazines first (to the depot, whose trim below releases them).
+    let from_cpus = match e.percpu() {
+        Some(pc) if e.is_alive() => e.release(e.cpu_reclaim(pc)),
+        _ => 0,
+    };
     let Some(mut released) = e.trim_stashes() else {
         return 0;
     };
+    released += from_cpus;
     // Looked up after the stashes' release, which may have run user code.
     if let Lookup::Cache(c) = table::lookup(e.index(), e.instance()) {
         // The request `trim_stashes` set on this cache is honoured now: left pending,

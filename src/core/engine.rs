@@ -19,6 +19,7 @@ use super::budget::{self, ByteBudget};
 use super::depot::{Depot, Eviction, Put};
 use super::ids;
 use super::magazine::{self, Magazine, NIL};
+use super::percpu::PerCpu;
 use super::thread_cache::{Counters, Owner, ThreadCache};
 use crate::config::{bypass_from_env, CacheMode, Config};
 use crate::sync::{self, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
@@ -54,6 +55,9 @@ pub(crate) struct Engine {
     pub(super) name: &'static str,
     pub(super) mode: CacheMode,
     pub(super) depot: Depot,
+    /// The per-CPU caches, for `CacheMode::PerCpu` where rseq works (`mode` is then
+    /// `PerCpu`; threads that cannot use rseq still use per-thread caches).
+    pub(super) percpu: Option<PerCpu>,
     /// False once the allocator is dropped. Written under the cache-list lock; read there
     /// or, as a hint, anywhere (a stale `true` only sends a magazine to the depot, which
     /// releases it when the engine drops).
@@ -92,6 +96,17 @@ impl Engine {
             config.mode
         };
         let capacity = config.magazine_capacity(layout.size());
+        let capped = config.max_live != usize::MAX;
+        // Per-CPU caches where they can work (and the allocator is not capped: permits
+        // are counted per thread cache); per-thread caches otherwise.
+        let percpu = match mode {
+            CacheMode::PerCpu if !capped => PerCpu::new(capacity),
+            _ => None,
+        };
+        let mode = match mode {
+            CacheMode::PerCpu if percpu.is_none() => CacheMode::ThreadCaches,
+            mode => mode,
+        };
         let depot = |budget| {
             Depot::new(
                 Backing::new(layout, hooks),
@@ -113,16 +128,17 @@ impl Engine {
             name,
             mode,
             depot,
+            percpu,
             alive: AtomicBool::new(true),
             cache_list: Mutex::new(CacheList { caches: Vec::new() }),
             retired: Counters::new(),
             magazine_bytes: capacity * magazine::cached_bytes(layout.size()),
             max_grant: match mode {
-                CacheMode::ThreadCaches => config.thread_cache_growth_bytes,
+                CacheMode::ThreadCaches | CacheMode::PerCpu => config.thread_cache_growth_bytes,
                 CacheMode::DepotOnly | CacheMode::Bypass => 0,
             },
             available: AtomicUsize::new(config.max_live),
-            capped: config.max_live != usize::MAX,
+            capped,
             credit_batch: (config.max_live / 16).clamp(1, capacity.min(u32::MAX as usize / 4))
                 as u32,
         }
@@ -143,6 +159,12 @@ impl Engine {
     /// Whether `Config::max_live` caps the allocator.
     pub(crate) fn capped(&self) -> bool {
         self.capped
+    }
+
+    /// The per-CPU caches, if the allocator has them.
+    #[inline(always)]
+    pub(crate) fn percpu(&self) -> Option<&PerCpu> {
+        self.percpu.as_ref()
     }
 
     /// Whether the allocator still exists (a hint off the cache-list lock).
@@ -184,7 +206,10 @@ impl Engine {
         );
         match self.mode {
             // SAFETY: forwarded.
-            CacheMode::ThreadCaches => unsafe { self.refill(c) }.then(|| c.pop()).flatten(),
+            // (A per-CPU allocator's per-thread caches: threads that cannot use rseq.)
+            CacheMode::ThreadCaches | CacheMode::PerCpu => {
+                unsafe { self.refill(c) }.then(|| c.pop()).flatten()
+            }
             CacheMode::DepotOnly => self.take_one(c).inspect(|_| c.counters.allocs.bump(1)),
             CacheMode::Bypass => None,
         }
@@ -209,10 +234,12 @@ impl Engine {
         );
         let done = match self.mode {
             // SAFETY: forwarded; `make_room` runs no user code.
-            CacheMode::ThreadCaches => unsafe { self.make_room(c) }.inspect(|_| {
-                let pushed = c.push(p);
-                debug_assert!(pushed);
-            }),
+            CacheMode::ThreadCaches | CacheMode::PerCpu => {
+                unsafe { self.make_room(c) }.inspect(|_| {
+                    let pushed = c.push(p);
+                    debug_assert!(pushed);
+                })
+            }
             CacheMode::DepotOnly => self.give_one(c, p).inspect(|_| c.counters.frees.bump(1)),
             CacheMode::Bypass => None,
         };
@@ -436,24 +463,40 @@ impl Engine {
     /// comes back; an empty magazine still goes to the empty stack (the depot lives until
     /// the engine drops, and frees it then), so an empty magazine is never evicted.
     pub(super) fn put(&self, c: Owner<'_>, mag: &Magazine) -> Option<Eviction> {
-        // SAFETY: owned by the cache (the count is read before the hand-over).
-        if !self.is_alive() && unsafe { mag.len() } > 0 {
-            // SAFETY: owned by the cache, now handed over.
-            return Some(unsafe { self.depot.evict_all(mag) });
+        let (eviction, spills, overflows) = self.put_uncounted(mag);
+        c.counters.spills.bump(spills);
+        c.counters.overflows.bump(overflows);
+        eviction
+    }
+
+    /// [`put`](Self::put) for a magazine no thread cache owns (a CPU's), counted on the
+    /// engine's own counters.
+    pub(super) fn put_shared(&self, mag: &Magazine) -> Option<Eviction> {
+        let (eviction, spills, overflows) = self.put_uncounted(mag);
+        if spills > 0 {
+            self.retired.spills.add_shared(spills);
         }
-        // SAFETY: owned by the cache, now handed over.
+        if overflows > 0 {
+            self.retired.overflows.add_shared(overflows);
+        }
+        eviction
+    }
+
+    /// Hands `mag` (owned by the caller) to the depot; returns the eviction to finish,
+    /// and the spills and overflows to count.
+    fn put_uncounted(&self, mag: &Magazine) -> (Option<Eviction>, u64, u64) {
+        // SAFETY: owned by the caller (the count is read before the hand-over).
+        if !self.is_alive() && unsafe { mag.len() } > 0 {
+            // SAFETY: owned by the caller, now handed over.
+            return (Some(unsafe { self.depot.evict_all(mag) }), 0, 0);
+        }
+        // SAFETY: owned by the caller, now handed over.
         match unsafe { self.depot.put(mag) } {
-            Put::Empty => None,
-            Put::Cached => {
-                c.counters.spills.bump(1);
-                None
-            }
+            Put::Empty => (None, 0, 0),
+            Put::Cached => (None, 1, 0),
             Put::Evicted(e) => {
-                if e.keeps_some() {
-                    c.counters.spills.bump(1);
-                }
-                c.counters.overflows.bump(1);
-                Some(e)
+                let spilled = u64::from(e.keeps_some());
+                (Some(e), spilled, 1)
             }
         }
     }

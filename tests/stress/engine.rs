@@ -579,9 +579,11 @@ impl Drop for Hold {
 
 const CAP: usize = 24;
 
+// Per-CPU caches where rseq works (per-thread ones elsewhere).
 static PLAIN: ClassAllocator<Val<40>> = ClassAllocator::with_config(
     "stress-plain",
     Config::new()
+        .mode(CacheMode::PerCpu)
         .magazine_size(3)
         .depot_bytes(512)
         .thread_cache_growth_bytes(1024),
@@ -616,6 +618,7 @@ static_class!(ThinVals: Val<24> = "stress-thin", Config::new().magazine_size(2).
 static RECYCLED: RecyclingAllocator<Rv> = RecyclingAllocator::with_config(
     "stress-recycled",
     Config::new()
+        .mode(CacheMode::PerCpu)
         .magazine_size(2)
         .depot_bytes(256)
         .thread_cache_growth_bytes(512),
@@ -652,6 +655,8 @@ fn rt_config(rng: &mut Rng) -> (Config, Option<usize>) {
         .thread_cache_growth_bytes([0, 48, 480, 1 << 16][rng.below(4)]);
     if rng.per_mille(100) {
         c = c.mode(CacheMode::DepotOnly);
+    } else if rng.per_mille(300) {
+        c = c.mode(CacheMode::PerCpu);
     }
     let cap = rng.per_mille(250).then(|| 1 + rng.below(12));
     if let Some(cap) = cap {
