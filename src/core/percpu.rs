@@ -29,6 +29,8 @@
 //! every counter).
 
 use std::ptr::{self, NonNull};
+// std atomics, not the `sync` facade's: per-CPU caches never exist under loom (rseq is
+// unavailable there, and loom cannot model the sequences' asm or a CPU).
 use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU64, Ordering};
 
 use super::depot::Eviction;

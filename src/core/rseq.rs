@@ -65,6 +65,7 @@ pub(crate) use imp::*;
 mod imp {
     use std::cell::{Cell, UnsafeCell};
     use std::ffi::{c_char, c_long, c_void};
+    // std atomics, not the `sync` facade's: this module is compiled out under loom.
     use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
     /// Every rseq area of the process is registered with this signature (glibc's), and
