@@ -222,8 +222,8 @@ impl StatCounter {
 /// built before the call and writes it into the object; with an atomic access in
 /// between, the compiler can no longer build the value in place, so it builds it on the
 /// stack and copies it, and the copy's loads straddle the stores that built it (a
-/// store-forwarding stall). Measured in the peer suite: a 64-byte pair cost 8 ns instead
-/// of 2.7 ns. The atomics on those paths are the allocator's table-index and instance
+/// store-forwarding stall; measured: `docs/benchmarks.md#atomics-on-the-fast-path`).
+/// The atomics on those paths are the allocator's table-index and instance
 /// hints (read) and the thread cache's statistics counters (written by their owner, read
 /// by anyone).
 ///

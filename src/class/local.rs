@@ -72,8 +72,8 @@ impl<T> ClassAllocator<T> {
 }
 
 // The object paths are `inline(always)`, like `ClassAllocator::alloc`: with plain
-// `#[inline]`, a generic caller (the harness's W1) kept `alloc_with` a call, 73
-// instructions a pair against 57 inlined (callgrind, `suite_profile proxalloc-local w1`).
+// `#[inline]`, a generic caller (the harness's W1) kept `alloc_with` a call, which cost
+// every pair (measured: `docs/benchmarks.md#localcache-inlined`).
 impl<'a, T> LocalCache<'a, T> {
     #[inline]
     fn engine(&self) -> &'a Engine {

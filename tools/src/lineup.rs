@@ -173,8 +173,9 @@ type MakeMix = fn(&'static str) -> MixEntry;
 /// calls mimalloc and jemalloc, and inline functions are compiled only into the programs
 /// that use them. Otherwise W5's code would share an object file with functions every
 /// tool uses (`w7`'s helpers, `rss`), and linking that file would bring both allocators,
-/// whose start-up code runs and adds some 800 KiB to the RSS of `pool_footprint` and
-/// `idle_threads`, which measure RSS and never link them.
+/// whose start-up code runs and adds to the RSS of `pool_footprint` and `idle_threads`,
+/// which measure RSS and never use them
+/// (`docs/benchmarks.md#peers-kept-out-of-the-rss-tools`).
 #[inline]
 fn mix_table() -> [(&'static str, MakeMix); 11] {
     // `$make` builds the allocator for `$n`-byte objects; contenders that serve every

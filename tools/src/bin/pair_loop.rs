@@ -15,7 +15,7 @@
 //!
 //! Not the harness's W1 on purpose: this pair is a `static` allocator's, in a function of
 //! its own, the loop on which the fast path's instruction counts have always been taken
-//! (67.0 per pair, `docs/design.md`), so the figures stay comparable.
+//! (`docs/benchmarks.md#fast-path-instruction-counts`), so the figures stay comparable.
 
 use std::sync::Arc;
 
