@@ -64,7 +64,11 @@ impl Hints {
         use crate::sync::Ordering;
         if let Some(pc) = engine.percpu() {
             let array = std::ptr::from_ref(pc.array()).cast_mut().cast();
-            self.cpus.store(array, Ordering::Relaxed);
+            // Release: the array and its caches, written before, are visible to a thread
+            // that reads this pointer. The fast paths read it with a plain load (see
+            // `sync::relaxed`) and only then the array through it: an address dependency,
+            // which orders the two on x86-64, the one architecture with per-CPU caches.
+            self.cpus.store(array, Ordering::Release);
             return;
         }
         self.index.store(engine.index(), Ordering::Relaxed);
