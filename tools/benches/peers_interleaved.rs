@@ -22,13 +22,15 @@ fn main() {
     let mix = peer_mixes();
     // The two-thread workloads run on two long-lived workers; "W3 two new threads"
     // starts two threads for each sample, so it includes their first use (the floor's
-    // new threads fill their stacks from malloc: no floor there).
+    // new threads fill their stacks from malloc: no floor there). "W4 polled" is W4
+    // with a polled queue for the channel, so no thread sleeps in the kernel.
     let workloads = [
         ("W1 pair", Work::W1(20_000), Stat::Min),
         ("W2 batch", Work::W2(10), Stat::Min),
         ("W3 two threads", Work::W3(10), Stat::Median),
         ("W3 two new threads", Work::W3New(10), Stat::Median),
         ("W4 remote free", Work::W4(1000), Stat::Median),
+        ("W4 polled", Work::W4Polled(1000), Stat::Median),
     ];
     let mut run = Runner::new("lower bound");
     run.restrict(&args);

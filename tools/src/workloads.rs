@@ -287,6 +287,61 @@ where
     t.as_nanos() as f64 / (batches * 64) as f64
 }
 
+/// W4 without the channel's sleeps: the same batches of 64 between the same two
+/// workers, handed over through a queue of 4 that both ends poll (spinning, then
+/// yielding), so that no thread blocks in the kernel. What is left is the allocator's
+/// cross-thread cost (the objects' memory moving between cores, and for a cache its
+/// exchanges with a shared level) with the queue's own, the same for every contender
+/// (ns per object).
+pub fn w4_polled<T, C>(
+    c: &'static C,
+    batches: u64,
+    make: impl Fn(u64) -> T + Copy + Send + Sync,
+) -> f64
+where
+    C: Contender<'static, T> + Sync,
+    C::Handle: Send,
+{
+    /// Spins a little, then yields, until `f` succeeds.
+    fn poll<R>(mut f: impl FnMut() -> Option<R>) -> R {
+        let mut spins = 0u32;
+        loop {
+            if let Some(r) = f() {
+                return r;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+    let q = crossbeam_queue::ArrayQueue::<Vec<C::Handle>>::new(4);
+    let t = on_two_workers(&|i| {
+        if i == 0 {
+            for b in 0..batches {
+                let mut batch: Vec<C::Handle> = (0..64).map(|i| c.alloc(make(b ^ i))).collect();
+                poll(|| match q.push(std::mem::take(&mut batch)) {
+                    Ok(()) => Some(()),
+                    Err(back) => {
+                        batch = back;
+                        None
+                    }
+                });
+            }
+        } else {
+            for _ in 0..batches {
+                for h in poll(|| q.pop()) {
+                    C::touch(&h);
+                    c.free(h);
+                }
+            }
+        }
+    });
+    t.as_nanos() as f64 / (batches * 64) as f64
+}
+
 /// The allocators of one W5 contender: one per object size of the request mix.
 pub struct Mix<C2: 'static, C5: 'static, C1: 'static, C128: 'static> {
     pub k2: &'static C2,
