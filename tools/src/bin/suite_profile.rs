@@ -24,6 +24,7 @@ fn main() {
         (m.run)(false, 100);
         let ns = (m.run)(false, n);
         println!("{name} w5: {ns:.2} ns/request");
+        dump_if_asked();
         return;
     }
     let c = contender::<Obj<64>>(&name).expect("contender");
@@ -43,6 +44,11 @@ fn main() {
     (c.run)(warm);
     let ns = (c.run)(w).expect("the workload applies to this contender");
     println!("{name} {work}: {ns:.2} ns/object");
+    dump_if_asked();
+}
+
+/// With `STATS` in the environment, the allocator dump (depot trips, what is cached).
+fn dump_if_asked() {
     if std::env::var_os("STATS").is_some() {
         proxalloc::stats::dump(&mut std::io::stdout()).expect("stdout");
     }
