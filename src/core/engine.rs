@@ -313,6 +313,8 @@ impl Engine {
         if want > 0 {
             let got = table::thread_cache_budget().reserve_up_to(want, self.magazine_bytes);
             c.add_grant(got * self.magazine_bytes);
+            // An administrator may take the grant meanwhile (to zero), never add to it.
+            debug_assert!(c.grant() <= self.max_grant, "a grant beyond max_grant");
         }
     }
 
@@ -350,8 +352,17 @@ impl Engine {
         if let Some(prev) = o.take_previous() {
             // SAFETY: a descriptor of this engine's table, owned by the cache.
             let prev = unsafe { self.mag(prev) };
-            if (c.stash_len() as usize + 1) * self.magazine_bytes <= c.grant() {
+            let grant = c.grant();
+            if (c.stash_len() as usize + 1) * self.magazine_bytes <= grant {
                 c.stash_push(prev);
+                // Only the owner pushes, so whatever an administrator took meanwhile,
+                // the stash is now at most what the grant it was checked against covers.
+                debug_assert!(
+                    c.stash_len() as usize * self.magazine_bytes <= grant,
+                    "a stash beyond its grant: {} magazines of {} bytes, {grant} bytes granted",
+                    c.stash_len(),
+                    self.magazine_bytes,
+                );
             } else {
                 c.note_spill();
                 evictions.push(self.put(c, prev));

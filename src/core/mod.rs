@@ -22,3 +22,6 @@ pub(crate) mod ids;
 pub(crate) mod magazine;
 pub(crate) mod table;
 pub(crate) mod thread_cache;
+
+#[cfg(all(test, proxalloc_loom))]
+mod tests;

@@ -8,10 +8,9 @@
 
 use std::cell::{Cell, UnsafeCell};
 use std::ptr::{self, NonNull};
-use std::sync::atomic::AtomicBool;
 
 use super::magazine::{self, Magazine, NIL};
-use crate::sync::{const_fn, AtomicU64, AtomicUsize, Ordering, StatCounter};
+use crate::sync::{const_fn, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, StatCounter};
 
 /// Counters of one cache (or of all retired caches of an engine).
 #[derive(Debug, Default)]
@@ -124,7 +123,7 @@ pub(crate) struct ThreadCache {
     /// Permits to have objects live, drawn from a capped allocator's shared count (see
     /// `Config::max_live`); the owner takes and returns them, a refused thread takes
     /// them all back (both with read-modify-writes, so none is lost).
-    credits: std::sync::atomic::AtomicU32,
+    credits: AtomicU32,
     /// Live [`Pin`]s: while non-zero the cache must not be retired (owner only).
     pins: Cell<u16>,
     /// How many empties are kept (owner only).
@@ -133,9 +132,40 @@ pub(crate) struct ThreadCache {
     /// demand that was not kept, which the next refill grants the stash room for.
     spills_since_refill: Cell<u16>,
     /// Set by `trim_all` or a dying allocator on another thread: the owner flushes the
-    /// cache at its next slow path. A hint (nothing is published through it), so it is a
-    /// std atomic even under loom.
+    /// cache at its next slow path. Nothing is published through the flag itself (the
+    /// process-wide flush epoch orders it), so it is `Relaxed`.
     flush_request: AtomicBool,
+}
+
+/// What a cache holds (see [`ThreadCache::holdings`]).
+#[cfg(all(test, proxalloc_loom))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Holdings {
+    /// Objects in the loaded magazine, if there is one.
+    pub(crate) loaded: Option<usize>,
+    /// Objects in the previous magazine, if there is one.
+    pub(crate) previous: Option<usize>,
+    /// Magazines in the stash.
+    pub(crate) stash: u32,
+    /// Empty magazines kept for the stash.
+    pub(crate) empties: u16,
+    /// Bytes of the process-wide budget granted to the stash.
+    pub(crate) grant: usize,
+    /// Whether a flush request is pending.
+    pub(crate) flush_requested: bool,
+}
+
+#[cfg(all(test, proxalloc_loom))]
+impl Holdings {
+    /// Whether the cache holds no magazine and no grant (what a flush or the idle
+    /// collector leaves).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.loaded.is_none()
+            && self.previous.is_none()
+            && self.stash == 0
+            && self.empties == 0
+            && self.grant == 0
+    }
 }
 
 /// Packs a stash head.
@@ -171,27 +201,19 @@ impl ThreadCache {
     const_fn! {
         /// An unused cache (`instance` [`EMPTY`](super::table::EMPTY)) or a fresh one.
         pub(crate) fn new(instance: u64) -> Self {
-            Self::with_stash(
-                instance,
-                AtomicU64::new(stash_head(0, NIL)),
-                AtomicUsize::new(0),
-            )
-        }
-    }
-
-    const fn with_stash(instance: u64, stash: AtomicU64, grant: AtomicUsize) -> Self {
-        ThreadCache {
-            owned: UnsafeCell::new(OwnerPart::empty(instance)),
-            counters: Counters::new(),
-            flush_request: AtomicBool::new(false),
-            pins: Cell::new(0),
-            credits: std::sync::atomic::AtomicU32::new(0),
-            gc_seen: Cell::new(0),
-            stash,
-            grant,
-            empties: Cell::new(ptr::null()),
-            empty_count: Cell::new(0),
-            spills_since_refill: Cell::new(0),
+            ThreadCache {
+                owned: UnsafeCell::new(OwnerPart::empty(instance)),
+                counters: Counters::new(),
+                flush_request: AtomicBool::new(false),
+                pins: Cell::new(0),
+                credits: AtomicU32::new(0),
+                gc_seen: Cell::new(0),
+                stash: AtomicU64::new(stash_head(0, NIL)),
+                grant: AtomicUsize::new(0),
+                empties: Cell::new(ptr::null()),
+                empty_count: Cell::new(0),
+                spills_since_refill: Cell::new(0),
+            }
         }
     }
 
@@ -411,6 +433,24 @@ impl ThreadCache {
     /// The spills since the last refill, resetting the count (owner only).
     pub(crate) fn take_spills(&self) -> u16 {
         self.spills_since_refill.replace(0)
+    }
+
+    /// What this cache holds, for the loom models' checks (owner only, with no reference
+    /// from its owner part live).
+    #[cfg(all(test, proxalloc_loom))]
+    pub(crate) fn holdings(&self) -> Holdings {
+        // SAFETY: per the contract; the borrow ends here.
+        let o = unsafe { &*self.owned.get() };
+        // SAFETY: a loaded or previous magazine is a live descriptor owned by this cache.
+        let len = |m: *const Magazine| unsafe { m.as_ref() }.map(|m| unsafe { m.len() });
+        Holdings {
+            loaded: (!o.loaded.is_null()).then_some(o.len),
+            previous: len(o.previous),
+            stash: self.stash_len(),
+            empties: self.empty_count.get(),
+            grant: self.grant(),
+            flush_requested: self.flush_request.load(Ordering::Relaxed),
+        }
     }
 
     /// Takes a pending flush request (owner only).
