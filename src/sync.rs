@@ -5,12 +5,18 @@
 //! object memory) comes from here. Under `--cfg proxalloc_loom` these are loom's types, so the
 //! models check every ordering and every allocation; otherwise they are std's.
 //!
-//! Two things deliberately stay std under loom:
+//! Every atomic of the crate comes from here. These deliberately stay std under loom,
+//! each for the reason given:
 //! - [`StatCounter`]: statistics counters carry no protocol (nothing is published through
 //!   them), and modelling them would multiply the state space for nothing.
 //! - [`process`]: process-wide registration (dense table indices for the thread-cache
-//!   table) and an allocator's copies of its engine's numbers (hints: a stale one only
-//!   sends the caller down the slow path), touched only outside any modelled protocol.
+//!   table, instance numbers) and an allocator's copies of its engine's numbers (hints: a
+//!   stale one only sends the caller down the slow path), touched only outside any
+//!   modelled protocol. (Under loom the free list of table indices is one per model
+//!   execution, still std: see `core::ids`.)
+//! - The misuse-detection table (`debug`) and the registry behind `stats::all` and
+//!   `trim_all` (empty under loom) are std mutexes: bookkeeping beside the allocator's
+//!   protocols, not part of them.
 //!
 //! It also keeps the loom difference out of constructors: [`const_fn!`] declares a
 //! constructor once (`const` under std only), and [`LazyArc`] is the lazily created,

@@ -49,14 +49,21 @@ impl Seats {
     }
 }
 
-/// A thread with a seat allocates, and frees before giving the seat back.
-fn seated(a: &Alloc, seats: &Seats, value: u64) {
-    if seats.take() {
-        let h = a.try_alloc(value).expect("refused below max_live");
-        assert_eq!(*h, value);
-        drop(h);
-        seats.give();
+/// A thread with a seat allocates, and frees before giving the seat back. Returns
+/// whether it was refused (checked by the main thread: a panic on another loom thread
+/// aborts the test binary).
+fn seated(a: &Alloc, seats: &Seats, value: u64) -> bool {
+    if !seats.take() {
+        return false;
     }
+    let Ok(h) = a.try_alloc(value) else {
+        seats.give();
+        return true;
+    };
+    assert_eq!(*h, value);
+    drop(h);
+    seats.give();
+    false
 }
 
 /// Two threads allocate and free against a cap of one: the permit stays in the cache of
@@ -70,16 +77,11 @@ fn a_permit_cached_by_one_thread_serves_another() {
         let workers: Vec<_> = (0..2)
             .map(|t| {
                 let (a, seats) = (Arc::clone(&a), Arc::clone(&seats));
-                thread::spawn(move || {
-                    for i in 0..2 {
-                        seated(&a, &seats, t * 10 + i);
-                    }
-                })
+                thread::spawn(move || (0..2).any(|i| seated(&a, &seats, t * 10 + i)))
             })
             .collect();
-        for w in workers {
-            w.join().unwrap();
-        }
+        let refused: Vec<bool> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        assert!(!refused.contains(&true), "refused below max_live");
         wait_for_exits(&a);
         let h = a.try_alloc(7).expect("a permit was lost");
         drop(h);
@@ -110,11 +112,10 @@ fn a_batch_in_flight_is_invisible_to_a_refused_thread() {
                 thread::spawn(move || seated(&a, &seats, t))
             })
             .collect();
-        for w in workers {
-            w.join().unwrap();
-        }
+        let refused: Vec<bool> = workers.into_iter().map(|w| w.join().unwrap()).collect();
         drop(held);
         wait_for_exits(&a);
         finish(a);
+        assert!(!refused.contains(&true), "refused below max_live");
     });
 }
