@@ -126,8 +126,13 @@ impl Config {
     /// ```
     pub const DEFAULT_THREAD_CACHE_GROWTH_BYTES: usize = 1 << 20;
 
-    /// The defaults: 64-object magazines, a 2 MiB depot budget, a 256 KiB bound per
-    /// thread cache, [`CacheMode::ThreadCaches`].
+    /// The defaults: 64-object magazines
+    /// ([`DEFAULT_MAGAZINE_SIZE`](Self::DEFAULT_MAGAZINE_SIZE)), a 2 MiB depot budget
+    /// ([`DEFAULT_DEPOT_BYTES`](Self::DEFAULT_DEPOT_BYTES)), a 16 KiB bound on a thread
+    /// cache's two magazines ([`DEFAULT_THREAD_CACHE_BYTES`](Self::DEFAULT_THREAD_CACHE_BYTES)),
+    /// which may grow by up to 1 MiB more under the process-wide budget
+    /// ([`DEFAULT_THREAD_CACHE_GROWTH_BYTES`](Self::DEFAULT_THREAD_CACHE_GROWTH_BYTES)),
+    /// no cap on live objects, and [`CacheMode::ThreadCaches`].
     ///
     /// ```
     /// use proxalloc::{ClassAllocator, Config};
@@ -144,7 +149,8 @@ impl Config {
             thread_cache_growth_bytes: Self::DEFAULT_THREAD_CACHE_GROWTH_BYTES,
             max_live: usize::MAX,
             mode: CacheMode::ThreadCaches,
-            generation_bits: crate::core::depot::MAX_GENERATION_BITS,
+            // As wide as the depot's head allows (it clamps).
+            generation_bits: u32::MAX,
         }
     }
 
@@ -177,7 +183,8 @@ impl Config {
 
     /// Byte budget for free objects kept in the depot. A spill that would go over it
     /// returns that magazine's objects to the backing allocator instead. `0` caches
-    /// nothing in the depot.
+    /// nothing in the depot. Each cached object is charged its size plus its slot in a
+    /// magazine (one pointer), so the budget bounds zero-sized objects too.
     ///
     /// ```
     /// use proxalloc::{ClassAllocator, Config};
@@ -215,8 +222,10 @@ impl Config {
     /// thread that spills magazines to the depot and then needs them back keeps that
     /// many in its own stash from then on, so a request or batch that holds many objects
     /// stops going through the shared depot. Growth is granted from the process-wide
-    /// thread-cache budget and returned when the thread goes idle, is flushed by
-    /// `trim_all`, or exits; `0` keeps every thread at two magazines.
+    /// thread-cache budget and returned when the thread goes idle, is trimmed (by
+    /// `trim_all` or the allocator's `trim`), or exits; `0` keeps every thread at two
+    /// magazines. Each stashed object is charged its size plus its slot in a magazine
+    /// (one pointer), so the bound holds for zero-sized objects too.
     ///
     /// ```
     /// use proxalloc::{ClassAllocator, Config};
@@ -282,8 +291,7 @@ impl Config {
     #[cfg(proxalloc_loom)]
     #[doc(hidden)]
     pub const fn generation_bits(mut self, bits: u32) -> Self {
-        let max = crate::core::depot::MAX_GENERATION_BITS;
-        self.generation_bits = if bits > max { max } else { bits };
+        self.generation_bits = bits; // the depot clamps it to its head's width
         self
     }
 

@@ -39,6 +39,7 @@ mod class;
 mod config;
 mod core;
 mod debug;
+mod error;
 mod pool;
 mod registry;
 pub mod stats;
@@ -47,9 +48,10 @@ mod sync;
 pub use class::owned::Owned;
 pub use class::recycle::{OwnedRecycled, Recycle, Recycled, RecyclingAllocator};
 pub use class::thin::{StaticClass, Thin};
-pub use class::{AllocError, ClassAllocator, ClassBox, LocalCache};
+pub use class::{ClassAllocator, ClassBox, LocalCache};
 pub use config::{CacheMode, Config, BYPASS_ENV, MAX_MAGAZINE_SIZE};
 pub use debug::POISON;
+pub use error::AllocError;
 pub use pool::{
     BlockAllocator, BlockSource, CleanupKey, Pool, PoolStats, PoolVec, PoolWriter, RawBlock,
     SubPool, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
@@ -57,12 +59,13 @@ pub use pool::{
 pub use stats::Stats;
 
 /// Gives every cached object of every allocator in the process back to the system
-/// allocator: each allocator's depot and the calling thread's caches now, and returns
-/// those bytes. Other threads' caches (at most two magazines per thread per allocator)
-/// belong to their threads, which alone may touch them: `trim_all` asks each of them to
-/// flush, and each does at its next slow path on any allocator, when it leaves a
-/// `with_local` call, or when it exits; a later `trim_all` then returns what they gave
-/// to the depots. See `docs/tuning.md` for what can and cannot come back.
+/// allocator: each allocator's depot, the calling thread's caches and what every other
+/// thread's caches grew to (their stashes) now, and returns those bytes. Other threads'
+/// two magazines per allocator belong to their threads, which alone may touch them:
+/// `trim_all` asks each of them to flush, and each does at its next slow path on any
+/// allocator, when it leaves a `with_local` call, or when it exits; a later `trim_all`
+/// then returns what they gave to the depots. See `docs/tuning.md` for what can and
+/// cannot come back.
 ///
 /// ```
 /// use proxalloc::ClassAllocator;
@@ -88,7 +91,7 @@ pub fn trim_all() -> usize {
 /// assert_eq!(proxalloc::thread_cache_budget().1, 8 << 20);
 /// ```
 pub fn set_thread_cache_budget(bytes: usize) {
-    crate::core::table::thread_cache_budget().set_limit(bytes);
+    crate::core::budget::thread_cache_budget().set_limit(bytes);
 }
 
 /// The process-wide thread-cache budget: `(bytes granted to thread caches now, limit)`.
@@ -99,7 +102,7 @@ pub fn set_thread_cache_budget(bytes: usize) {
 /// assert!(granted <= limit);
 /// ```
 pub fn thread_cache_budget() -> (usize, usize) {
-    let b = crate::core::table::thread_cache_budget();
+    let b = crate::core::budget::thread_cache_budget();
     (b.used(), b.limit())
 }
 

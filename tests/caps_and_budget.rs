@@ -1,7 +1,7 @@
 //! Caps on live objects with recycling allocators, the thread-cache budget against
-//! trims and drops with parked owners, and pool growth in place. From the third review:
-//! the `f1*` tests failed before permits were returned for discarded values and for a
-//! panicking `create`; the others held and stay as guards.
+//! trims and drops with parked owners, budgets of zero-sized objects, and pool growth in
+//! place. The permit tests of recycling allocators failed before permits were returned
+//! for discarded values and for a panicking `create`; the others held and stay as guards.
 
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
@@ -31,10 +31,12 @@ impl Recycle for Refused {
 }
 
 #[test]
-fn f1_capped_recycling_discard_returns_its_permit() {
+fn a_capped_recycling_allocator_returns_the_permit_of_a_discarded_value() {
     let _s = serial();
-    let a =
-        RecyclingAllocator::<Refused>::with_config("rv3-cap-recycle", Config::new().max_live(2));
+    let a = RecyclingAllocator::<Refused>::with_config(
+        "cap-recycle-discard",
+        Config::new().max_live(2),
+    );
     for i in 0..5 {
         let h = a.try_get();
         assert!(
@@ -57,12 +59,10 @@ impl Recycle for Panicky {
 }
 
 #[test]
-fn f1b_capped_recycling_panicking_recycle_returns_its_permit() {
+fn a_capped_recycling_allocator_returns_the_permit_when_recycle_panics() {
     let _s = serial();
-    let a = RecyclingAllocator::<Panicky>::with_config(
-        "rv3-cap-recycle-panic",
-        Config::new().max_live(1),
-    );
+    let a =
+        RecyclingAllocator::<Panicky>::with_config("cap-recycle-panic", Config::new().max_live(1));
     for i in 0..3 {
         let h = a.try_get();
         assert!(
@@ -78,11 +78,11 @@ fn f1b_capped_recycling_panicking_recycle_returns_its_permit() {
 /// Permits survive thread churn, remote frees and steals: at the end exactly `CAP`
 /// objects can be live.
 #[test]
-fn c1_permits_conserved_across_thread_churn() {
+fn permits_are_conserved_across_thread_churn() {
     let _s = serial();
     const CAP: usize = 64;
     static CAPPED: ClassAllocator<[u64; 2]> = ClassAllocator::with_config(
-        "rv3-cap-churn",
+        "cap-thread-churn",
         Config::new().max_live(CAP).magazine_size(4),
     );
     let rounds = if cfg!(miri) { 2 } else { 20 };
@@ -134,11 +134,11 @@ fn batch(a: &ClassAllocator<[u64; 8]>, n: u64) {
 /// the allocator, then exits; the budget comes back to 0. Then allocator drop while a
 /// parked worker holds a grown stash.
 #[test]
-fn c2_budget_back_to_zero_after_trim_and_drop_with_parked_owner() {
+fn the_budget_returns_to_zero_after_trim_and_drop_with_a_parked_owner() {
     let _s = serial();
     let base = settled_budget();
     let a = Arc::new(ClassAllocator::<[u64; 8]>::with_config(
-        "rv3-growth",
+        "growth-parked-trim",
         Config::new().magazine_size(16),
     ));
     let n = if cfg!(miri) { 128 } else { 1024 };
@@ -190,12 +190,12 @@ fn c2_budget_back_to_zero_after_trim_and_drop_with_parked_owner() {
 
 /// Allocator dropped while another thread's cache holds a grown stash (parked owner).
 #[test]
-fn c3_drop_with_parked_owner_returns_grant() {
+fn dropping_an_allocator_with_a_parked_owner_returns_its_grant() {
     let _s = serial();
     let base = settled_budget();
     let n = if cfg!(miri) { 128 } else { 1024 };
     let a = Arc::new(ClassAllocator::<[u64; 8]>::with_config(
-        "rv3-growth-drop",
+        "growth-parked-drop",
         Config::new().magazine_size(16),
     ));
     let (go_tx, go_rx) = mpsc::channel::<()>();
@@ -209,7 +209,7 @@ fn c3_drop_with_parked_owner_returns_grant() {
         ready_tx.send(()).unwrap();
         go_rx.recv().unwrap();
         // Uses another allocator: its slow paths sweep the dead cache.
-        let b = ClassAllocator::<u64>::new("rv3-other");
+        let b = ClassAllocator::<u64>::new("growth-parked-other");
         let v: Vec<_> = (0..200).map(|i| b.alloc(i)).collect();
         drop(v);
     });
@@ -232,7 +232,7 @@ fn c3_drop_with_parked_owner_returns_grant() {
 // ---- Pool bump ----
 
 #[test]
-fn p1_pool_vec_growth_does_not_overwrite_neighbours() {
+fn pool_vec_growth_does_not_overwrite_neighbours() {
     let _s = serial();
     use allocator_api2::vec::Vec as AVec;
     let pool = Pool::new();
@@ -282,10 +282,10 @@ impl Recycle for MaybePanicky {
 }
 
 #[test]
-fn f1c_capped_recycling_panicking_create_returns_its_permit() {
+fn a_capped_recycling_allocator_returns_the_permit_when_create_panics() {
     let _s = serial();
     let a = RecyclingAllocator::<MaybePanicky>::with_config(
-        "rv3-cap-create-panic",
+        "cap-create-panic",
         Config::new().max_live(1),
     );
     CREATE_PANICS.store(true, Ordering::Relaxed);
@@ -297,9 +297,9 @@ fn f1c_capped_recycling_panicking_create_returns_its_permit() {
 }
 
 #[test]
-fn c4_capped_alloc_with_panicking_init_returns_its_permit() {
+fn a_capped_alloc_with_whose_init_panics_returns_its_permit() {
     let _s = serial();
-    let a = ClassAllocator::<u64>::with_config("rv3-cap-init-panic", Config::new().max_live(1));
+    let a = ClassAllocator::<u64>::with_config("cap-init-panic", Config::new().max_live(1));
     for _ in 0..3 {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             drop(a.alloc_with(|| panic!("init")))
@@ -319,11 +319,11 @@ fn c4_capped_alloc_with_panicking_init_returns_its_permit() {
 
 /// Owner pushes/pops its stash while another thread trims repeatedly.
 #[test]
-fn c5_trim_all_races_owner_stash() {
+fn trim_all_races_an_owner_using_its_stash() {
     let _s = serial();
     let base = settled_budget();
     let a = Arc::new(ClassAllocator::<[u64; 8]>::with_config(
-        "rv3-race",
+        "trim-all-stash-race",
         Config::new().magazine_size(4),
     ));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -356,4 +356,48 @@ fn c5_trim_all_races_owner_stash() {
     let s = a.stats();
     assert!(s.is_consistent() && s.live == 0, "{s}");
     assert_eq!(proxalloc::thread_cache_budget().0, base);
+}
+
+/// Budgets charge each cached object its slot in a magazine as well as its own bytes, so
+/// they bound zero-sized objects too: with no depot budget the depot keeps none of them
+/// (it kept every one: 100,000 objects over 1,563 spills).
+#[test]
+fn a_depot_budget_of_zero_keeps_no_zero_sized_object() {
+    let _s = serial();
+    let a = ClassAllocator::<()>::with_config(
+        "zst-depot-zero",
+        Config::new().depot_bytes(0).thread_cache_growth_bytes(0),
+    );
+    let n = if cfg!(miri) { 2_000 } else { 100_000 };
+    drop((0..n).map(|_| a.alloc(())).collect::<Vec<_>>());
+    let s = a.stats();
+    assert_eq!(s.cached_in_depot, 0, "{s}");
+    assert!(s.cached_in_threads <= 2 * 64, "two magazines at most: {s}");
+    assert!(s.overflows > 0 && s.is_consistent() && s.live == 0, "{s}");
+}
+
+/// A stash's grant pays for each magazine's slots, so one grant cannot buy an unbounded
+/// number of magazines of zero-sized objects (a 1 MiB grant bought 2^20 magazines, about
+/// 512 MiB of slot arrays).
+#[test]
+fn a_stash_of_zero_sized_objects_stays_within_its_grant() {
+    let _s = serial();
+    let growth = 4096;
+    let a = ClassAllocator::<()>::with_config(
+        "zst-stash-grant",
+        Config::new().thread_cache_growth_bytes(growth),
+    );
+    let n = if cfg!(miri) { 2_000 } else { 100_000 };
+    for _ in 0..3 {
+        drop((0..n).map(|_| a.alloc(())).collect::<Vec<_>>());
+    }
+    let s = a.stats();
+    let slot = std::mem::size_of::<*mut u8>() as u64;
+    assert!(
+        s.cached_in_threads <= 2 * 64 + growth as u64 / slot,
+        "two magazines and what the grant pays for: {s}"
+    );
+    assert!(s.cached_in_threads > 2 * 64, "the stash did grow: {s}");
+    a.release_thread_cache();
+    assert_eq!(settled_budget(), 0);
 }

@@ -21,31 +21,9 @@ use crate::config::{CacheMode, Config};
 use crate::core::backing::ObjectHooks;
 use crate::core::budget::ByteBudget;
 use crate::core::engine::Engine;
+use crate::error::AllocError;
 use crate::stats::Stats;
 use crate::sync::{const_fn, Arc, ArcRef, LazyArc};
-
-/// The backing allocator could not supply memory for an object (or a
-/// [`Config::max_live`] cap refused one).
-///
-/// ```
-/// use proxalloc::{AllocError, ClassAllocator, Config};
-/// static NONE: ClassAllocator<u32> =
-///     ClassAllocator::with_config("doc-class-alloc-error", Config::new().max_live(0));
-/// let err = NONE.try_alloc(1).unwrap_err();
-/// assert_eq!(err, AllocError);
-/// assert_eq!(err.to_string(), "memory allocation failed");
-/// let _: &dyn std::error::Error = &err;
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct AllocError;
-
-impl fmt::Display for AllocError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("memory allocation failed")
-    }
-}
-
-impl std::error::Error for AllocError {}
 
 /// An allocator of objects of one type, with per-thread caches.
 ///
@@ -393,12 +371,14 @@ impl<T> ClassAllocator<T> {
         Ok(unsafe { ClassBox::from_raw(self, object) })
     }
 
-    /// Gives everything this thread caches and everything the depot caches back to the
-    /// system allocator, and returns the number of bytes released. Objects cached by
-    /// other threads stay with them (each thread's cache holds at most two magazines;
-    /// they come back when the thread exits or calls
-    /// [`release_thread_cache`](Self::release_thread_cache), and at the thread's next
-    /// slow path after a [`trim_all`](crate::trim_all) or this allocator's drop).
+    /// Gives back to the system allocator everything this thread caches, everything the
+    /// depot caches, and what every other thread's cache grew to (its stash, taken at
+    /// once), and returns the number of bytes released. Each other thread keeps its two
+    /// magazines, which only it may touch: `trim` asks it to flush them, and it does at
+    /// its next slow path on any allocator, when it leaves a `with_local` call, when it
+    /// calls [`release_thread_cache`](Self::release_thread_cache), or when it exits; a
+    /// later `trim` returns what it gave to the depot. [`trim_all`](crate::trim_all) does
+    /// the same for every allocator.
     ///
     /// ```
     /// use proxalloc::ClassAllocator;

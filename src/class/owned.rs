@@ -14,7 +14,8 @@ use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::class::{AllocError, ClassAllocator, ClassBox};
+use crate::class::{ClassAllocator, ClassBox};
+use crate::error::AllocError;
 
 /// An object owned through an `Arc` of its [`ClassAllocator`]: `'static`, `Send` when `T`
 /// is, and dropping it runs `T`'s destructor and recycles the memory into the dropping

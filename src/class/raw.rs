@@ -5,11 +5,12 @@
 use std::mem::size_of;
 use std::ptr::NonNull;
 
-use super::{AllocError, ClassAllocator};
+use super::ClassAllocator;
 use crate::core::engine::Engine;
 use crate::core::table::{self, Lookup};
 use crate::core::thread_cache::ThreadCache;
 use crate::debug;
+use crate::error::AllocError;
 use crate::sync::Arc;
 
 impl<T> ClassAllocator<T> {

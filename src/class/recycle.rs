@@ -7,9 +7,10 @@ use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
-use crate::class::{AllocError, ClassAllocator};
+use crate::class::ClassAllocator;
 use crate::config::Config;
 use crate::core::backing::{ObjectHooks, ValueHooks};
+use crate::error::AllocError;
 use crate::stats::Stats;
 use crate::sync::const_fn;
 
@@ -288,7 +289,9 @@ impl<T: Recycle> RecyclingAllocator<T> {
         self.inner.stats()
     }
 
-    /// Drops every value this thread and the depot cache; returns the bytes released.
+    /// Drops every value this thread, the depot and other threads' stashes cache, as
+    /// [`ClassAllocator::trim`](crate::ClassAllocator::trim) does; returns the bytes
+    /// released.
     ///
     /// ```
     /// # use proxalloc::{Recycle, RecyclingAllocator};

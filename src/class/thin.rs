@@ -12,7 +12,8 @@ use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
-use crate::class::{AllocError, ClassAllocator, ClassBox};
+use crate::class::{ClassAllocator, ClassBox};
+use crate::error::AllocError;
 
 /// A `static` [`ClassAllocator`] named by a type, so that its handles ([`Thin`]) need
 /// not carry it. Implemented by [`static_class!`](crate::static_class!).

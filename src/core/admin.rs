@@ -96,12 +96,31 @@ impl Engine {
         table::uninstall(self)
     }
 
-    /// Flushes this thread's cache to the depot, then gives everything the depot caches
-    /// back to the backing allocator. Returns the number of objects released.
+    /// Gives back everything cached that can be reached now: every thread's stash (taken
+    /// at once; each owner is also asked to flush its two magazines at its next slow
+    /// path), this thread's cache, and the depot. Returns the number of objects released.
+    /// A dead allocator's caches are its owners' to release: nothing to do.
     pub(crate) fn trim(&self) -> usize {
-        let mut released = 0;
+        let mut stashes = Vec::new();
+        {
+            let list = sync::lock(&self.cache_list);
+            if !self.is_alive() {
+                return 0;
+            }
+            for &c in &list.caches {
+                // SAFETY: registered caches stay allocated while the lock is held.
+                unsafe {
+                    ThreadCache::request_flush(c);
+                    stashes.push(self.seize_stash(c));
+                }
+            }
+        }
+        table::announce_flush_requests();
+        let mut released = self.release_stashes(stashes);
         if let table::Lookup::Cache(c) = table::lookup(self.index, self.instance) {
-            // SAFETY: this thread's own cache; no reference into it is live here.
+            // SAFETY: this thread's own cache; no reference into it is live here (its
+            // flush request, set above, is left for its next sweep: a flush of an empty
+            // cache).
             let evictions = unsafe { self.flush(&*c) };
             released += self.release(evictions);
         }
@@ -209,25 +228,8 @@ impl Registered for Engine {
         self.is_alive().then(|| Engine::stats(self))
     }
 
-    /// `trim_all`: asks every thread to flush its cache at its next slow path, and
-    /// releases this thread's cache and the depot now.
+    /// `trim_all`: [`Engine::trim`], in bytes.
     fn trim(&self) -> usize {
-        let mut stashes = Vec::new();
-        {
-            let list = sync::lock(&self.cache_list);
-            if !self.is_alive() {
-                return 0;
-            }
-            for &c in &list.caches {
-                // SAFETY: registered caches stay allocated while the lock is held.
-                unsafe {
-                    ThreadCache::request_flush(c);
-                    stashes.push(self.seize_stash(c));
-                }
-            }
-        }
-        table::announce_flush_requests();
-        let released = self.release_stashes(stashes) + Engine::trim(self);
-        released * self.backing().object_size()
+        Engine::trim(self) * self.backing().object_size()
     }
 }

@@ -1,5 +1,6 @@
-//! A byte budget for cached free memory, shared by one depot (a class allocator) or by
-//! several (the block classes of a pool block source share one `max_free`).
+//! Byte budgets for cached free memory: one depot's (a class allocator's), one shared by
+//! several depots (the block classes of a pool block source share one `max_free`), and
+//! the process-wide thread-cache budget that every thread's stash is granted from.
 
 use crossbeam_utils::CachePadded;
 
@@ -83,4 +84,24 @@ impl ByteBudget {
     pub fn limit(&self) -> usize {
         self.limit.load(Ordering::Relaxed)
     }
+}
+
+/// Default of the process-wide thread-cache budget: 32 MiB.
+pub(crate) const DEFAULT_THREAD_CACHE_BUDGET: usize = 32 << 20;
+
+/// Bytes that thread caches may grow by, all threads and allocators together (each
+/// cache holds a grant from it for its stash).
+#[cfg(not(proxalloc_loom))]
+static THREAD_CACHE_BUDGET: ByteBudget = ByteBudget::new(DEFAULT_THREAD_CACHE_BUDGET);
+
+// Under loom, one per model execution (a process-wide value would carry one
+// execution's grants into the next, which loom rejects as non-determinism).
+#[cfg(proxalloc_loom)]
+loom::lazy_static! {
+    static ref THREAD_CACHE_BUDGET: ByteBudget = ByteBudget::new(DEFAULT_THREAD_CACHE_BUDGET);
+}
+
+/// The process-wide thread-cache budget.
+pub(crate) fn thread_cache_budget() -> &'static ByteBudget {
+    &THREAD_CACHE_BUDGET
 }

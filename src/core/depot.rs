@@ -33,7 +33,7 @@ use crossbeam_utils::CachePadded;
 
 use super::backing::Backing;
 use super::budget::ByteBudget;
-use super::magazine::{Magazine, MagazineTable, INDEX_BITS, NIL};
+use super::magazine::{cached_bytes, Magazine, MagazineTable, INDEX_BITS, NIL};
 use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 
 /// A lock-free stack of magazines, with a generation-tagged head.
@@ -194,12 +194,15 @@ pub struct Depot {
     /// The byte budget the full stack's objects are charged to (possibly shared with
     /// other depots, as a pool block source's classes share one `max_free`).
     budget: Arc<ByteBudget>,
+    /// Bytes charged to the budget per cached object.
+    charge: usize,
     backing: Backing,
 }
 
 impl Depot {
     /// A depot for objects from `backing`, `capacity` objects per magazine, whose cached
-    /// objects are charged to `budget`, with `generation_bits`-wide stack generations.
+    /// objects are charged to `budget` (each with its slot: [`cached_bytes`]), with
+    /// `generation_bits`-wide stack generations.
     pub fn new(
         backing: Backing,
         capacity: usize,
@@ -212,8 +215,17 @@ impl Depot {
             empty: MagazineStack::new(generation_bits),
             cached: CachePadded::new(AtomicUsize::new(0)),
             budget,
+            charge: cached_bytes(backing.object_size()),
             backing,
         }
+    }
+
+    /// Charges each cached object its own bytes only, not its slot: for a budget shared
+    /// with memory that has no slots (a block source's `max_free`, which its large-block
+    /// cache also draws on, counts block bytes as APR's does).
+    pub fn charging_object_bytes_only(mut self) -> Self {
+        self.charge = self.backing.object_size();
+        self
     }
 
     /// Where this depot's objects come from and go back to.
@@ -256,9 +268,9 @@ impl Depot {
         Some(mag)
     }
 
-    /// Bytes of `n` objects.
+    /// What `n` cached objects are charged to the budget.
     fn bytes(&self, n: usize) -> usize {
-        n * self.backing.object_size()
+        n * self.charge
     }
 
     /// Accounts for `n` objects leaving the full stack.
@@ -282,7 +294,7 @@ impl Depot {
             self.empty.push(mag);
             return Put::Empty;
         }
-        let keep = self.budget.reserve_up_to(n, self.backing.object_size());
+        let keep = self.budget.reserve_up_to(n, self.charge);
         if keep < n {
             return Put::Evicted(Eviction {
                 mag: NonNull::from(mag),
@@ -423,7 +435,7 @@ mod tests {
         Depot::new(
             Backing::new(Layout::new::<u64>(), None),
             capacity,
-            Arc::new(ByteBudget::new(budget_objects * 8)),
+            Arc::new(ByteBudget::new(budget_objects * cached_bytes(8))),
             MAX_GENERATION_BITS,
         )
     }

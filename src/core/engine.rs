@@ -15,7 +15,7 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 
 use super::backing::{Backing, ObjectHooks};
-use super::budget::ByteBudget;
+use super::budget::{self, ByteBudget};
 use super::depot::{Depot, Eviction, Put};
 use super::ids;
 use super::magazine::{self, Magazine, NIL};
@@ -64,8 +64,8 @@ pub(crate) struct Engine {
     /// Counters of retired caches, and of operations that went straight to the backing
     /// allocator (counted here so a slow path never touches its cache after user code).
     pub(super) retired: Counters,
-    /// Bytes of one full magazine (at least 1, so zero-sized objects still count
-    /// magazines).
+    /// What one full magazine is charged to a stash's grant: its objects and their slots
+    /// (so zero-sized objects are charged too).
     pub(super) magazine_bytes: usize,
     /// Most bytes one thread's stash may be granted.
     pub(super) max_grant: usize,
@@ -93,23 +93,31 @@ impl Engine {
             config.mode
         };
         let capacity = config.magazine_capacity(layout.size());
-        let budget = budget.unwrap_or_else(|| Arc::new(ByteBudget::new(config.depot_bytes)));
+        let depot = |budget| {
+            Depot::new(
+                Backing::new(layout, hooks),
+                capacity,
+                budget,
+                config.generation_bits,
+            )
+        };
+        let depot = match budget {
+            // `depot_bytes`: objects and their slots, so zero-sized objects are bounded too.
+            None => depot(Arc::new(ByteBudget::new(config.depot_bytes))),
+            // A budget shared with others (a block source's `max_free`) counts their bytes.
+            Some(shared) => depot(shared).charging_object_bytes_only(),
+        };
         let (index, instance) = ids::claim();
         Engine {
             index,
             instance,
             name,
             mode,
-            depot: Depot::new(
-                Backing::new(layout, hooks),
-                capacity,
-                budget,
-                config.generation_bits,
-            ),
+            depot,
             alive: AtomicBool::new(true),
             cache_list: Mutex::new(CacheList { caches: Vec::new() }),
             retired: Counters::new(),
-            magazine_bytes: (capacity * layout.size()).max(1),
+            magazine_bytes: capacity * magazine::cached_bytes(layout.size()),
             max_grant: match mode {
                 CacheMode::ThreadCaches => config.thread_cache_growth_bytes,
                 CacheMode::DepotOnly | CacheMode::Bypass => 0,
@@ -311,7 +319,7 @@ impl Engine {
         let room = self.max_grant.saturating_sub(c.grant()) / self.magazine_bytes;
         let want = spills.min(room);
         if want > 0 {
-            let got = table::thread_cache_budget().reserve_up_to(want, self.magazine_bytes);
+            let got = budget::thread_cache_budget().reserve_up_to(want, self.magazine_bytes);
             c.add_grant(got * self.magazine_bytes);
             // An administrator may take the grant meanwhile (to zero), never add to it.
             debug_assert!(c.grant() <= self.max_grant, "a grant beyond max_grant");
@@ -323,7 +331,7 @@ impl Engine {
         // Most caches never grow: leave the shared line alone for them (and, under loom,
         // the budget is not reachable from the thread-local destructors at a model's end).
         if bytes > 0 {
-            table::thread_cache_budget().release(bytes);
+            budget::thread_cache_budget().release(bytes);
         }
     }
 
@@ -456,10 +464,12 @@ impl Engine {
     }
 
     /// Hands `mag` (owned by `c`) to the depot and counts where it went; what the budget
-    /// does not take comes back to be released. Once the allocator is gone everything
-    /// comes back.
+    /// does not take comes back to be released. Once the allocator is gone every object
+    /// comes back; an empty magazine still goes to the empty stack (the depot lives until
+    /// the engine drops, and frees it then), so an empty magazine is never evicted.
     pub(super) fn put(&self, c: &ThreadCache, mag: &Magazine) -> Option<Eviction> {
-        if !self.is_alive() {
+        // SAFETY: owned by the cache (the count is read before the hand-over).
+        if !self.is_alive() && unsafe { mag.len() } > 0 {
             // SAFETY: owned by the cache, now handed over.
             return Some(unsafe { self.depot.evict_all(mag) });
         }

@@ -28,6 +28,9 @@ loom::lazy_static! {
 }
 static INSTANCES: AtomicU64 = AtomicU64::new(1);
 
+/// Instance number of an unused thread-cache table entry (engines are numbered from 1).
+pub(crate) const EMPTY: u64 = 0;
+
 /// A number unique in the process (never 0), for engines and other stats sources.
 pub(crate) fn fresh_instance() -> u64 {
     INSTANCES.fetch_add(1, Ordering::Relaxed)

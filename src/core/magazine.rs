@@ -21,6 +21,17 @@ use crate::sync::{self, AtomicPtr, AtomicU32, Ordering, UnsafeCell};
 /// 2^24 - 1 magazines of up to 1024 objects is more memory than any allocator caches.
 pub const INDEX_BITS: u32 = 24;
 
+/// Bytes a cached object costs beyond its own: its slot in a magazine's array. Budgets
+/// charge it (see [`cached_bytes`]), so they bound what a cache really holds, zero-sized
+/// objects included.
+pub const SLOT_BYTES: usize = std::mem::size_of::<*mut u8>();
+
+/// What one cached object of `object_size` bytes is charged to a budget: the object and
+/// its slot.
+pub const fn cached_bytes(object_size: usize) -> usize {
+    object_size + SLOT_BYTES
+}
+
 /// Index value that means "no magazine".
 pub const NIL: u32 = (1 << INDEX_BITS) - 1;
 

@@ -5,13 +5,10 @@
 use std::cell::{Cell, UnsafeCell};
 use std::ptr;
 
-use super::budget::ByteBudget;
 use super::engine::{Engine, Evictions};
+use super::ids::EMPTY;
 use super::thread_cache::ThreadCache;
 use crate::sync::{self, Arc, Ordering};
-
-/// Instance number of an unused table entry (engines are numbered from 1).
-pub(crate) const EMPTY: u64 = 0;
 
 /// Allocators whose index is below this keep this thread's cache inline in the
 /// thread-local block (`INLINE_CACHES * size_of::<ThreadCache>()` bytes per thread), so the
@@ -61,25 +58,6 @@ static FLUSH_EPOCH: sync::process::AtomicU64 = sync::process::AtomicU64::new(0);
 #[cfg(proxalloc_loom)]
 loom::lazy_static! {
     static ref FLUSH_EPOCH: sync::AtomicU64 = sync::AtomicU64::new(0);
-}
-
-/// Default of the process-wide thread-cache budget: 32 MiB.
-pub(crate) const DEFAULT_THREAD_CACHE_BUDGET: usize = 32 << 20;
-
-/// Bytes that thread caches may grow by, all threads and allocators together (each
-/// cache holds a grant from it for its stash).
-#[cfg(not(proxalloc_loom))]
-static THREAD_CACHE_BUDGET: ByteBudget = ByteBudget::new(DEFAULT_THREAD_CACHE_BUDGET);
-
-// Under loom, one per model execution (see `FLUSH_EPOCH`).
-#[cfg(proxalloc_loom)]
-loom::lazy_static! {
-    static ref THREAD_CACHE_BUDGET: ByteBudget = ByteBudget::new(DEFAULT_THREAD_CACHE_BUDGET);
-}
-
-/// The process-wide thread-cache budget.
-pub(crate) fn thread_cache_budget() -> &'static ByteBudget {
-    &THREAD_CACHE_BUDGET
 }
 
 /// Tells every thread to sweep its caches at its next slow path.
@@ -284,8 +262,8 @@ impl Table {
 
     /// Sweeps this thread's caches: a cache whose allocator is gone is retired, one
     /// with a flush request is flushed, and (on an idle pass) one that served nothing
-    /// since the previous idle pass gives one magazine back (so an idle cache drains in
-    /// two passes).
+    /// since the previous idle pass gives back its stash and kept empties if it has any,
+    /// else one magazine (so an idle cache drains in two passes, three with a stash).
     ///
     /// # Safety
     /// Called by the owning thread, with no reference into the table live.

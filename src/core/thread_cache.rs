@@ -182,7 +182,7 @@ fn stash_parts(head: u64) -> (u32, u32) {
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct OwnerPart {
-    /// Instance number of the engine this cache belongs to ([`EMPTY`](super::table::EMPTY) when unused).
+    /// Instance number of the engine this cache belongs to ([`EMPTY`](super::ids::EMPTY) when unused).
     pub(crate) instance: u64,
     /// Slot array of the loaded magazine (dangling when `cap == 0`).
     slots: *mut *mut u8,
@@ -199,7 +199,7 @@ pub(crate) struct OwnerPart {
 
 impl ThreadCache {
     const_fn! {
-        /// An unused cache (`instance` [`EMPTY`](super::table::EMPTY)) or a fresh one.
+        /// An unused cache (`instance` [`EMPTY`](super::ids::EMPTY)) or a fresh one.
         pub(crate) fn new(instance: u64) -> Self {
             ThreadCache {
                 owned: UnsafeCell::new(OwnerPart::empty(instance)),
@@ -612,7 +612,7 @@ mod tests {
     /// The fast paths touch the owned part and the `allocs`/`frees` counters: one line.
     #[test]
     fn fast_path_fields_share_one_cache_line() {
-        let c = ThreadCache::new(super::super::table::EMPTY);
+        let c = ThreadCache::new(super::super::ids::EMPTY);
         let base = std::ptr::addr_of!(c) as usize;
         let frees_end = std::ptr::addr_of!(c.counters.frees) as usize + 8;
         assert_eq!(std::mem::align_of::<ThreadCache>(), 64);

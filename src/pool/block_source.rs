@@ -19,7 +19,6 @@
 //! classes and large, comes from it and goes back to it, so a server can put pool memory
 //! in huge pages, keep it out of core dumps, or account for it on its own.
 
-use std::alloc::Layout;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 #[cfg(not(proxalloc_loom))]
@@ -28,7 +27,7 @@ use std::sync::OnceLock;
 use super::large_blocks::Large;
 use crate::class::ClassAllocator;
 use crate::config::Config;
-use crate::core::backing::{MemoryOwner, ObjectHooks};
+use crate::core::backing::{BlockAllocator, MemoryOwner, ObjectHooks};
 use crate::core::budget::ByteBudget;
 use crate::stats::Stats;
 use crate::sync::Arc;
@@ -85,94 +84,6 @@ pub struct RawBlock {
     pub ptr: NonNull<u8>,
     /// Its size in bytes.
     pub size: usize,
-}
-
-/// Where a [`BlockSource`] gets its memory, instead of the global allocator: see
-/// [`BlockSource::with_block_allocator`].
-///
-/// Requests are for whole blocks: 8, 16, 32 or 64 KiB, or a multiple of 4 KiB above
-/// that, aligned to [`BLOCK_ALIGN`]. The source caches freed blocks within its
-/// `max_free` budget and returns the rest (and everything, on [`BlockSource::trim`] and
-/// when it is dropped) through [`free_block`](Self::free_block). Both methods may be
-/// called from any thread, concurrently; they run outside every lock of the source, and
-/// may themselves allocate (from the global allocator, or from other allocators of this
-/// crate, though not from the same source, which would recurse).
-///
-/// # Safety
-/// An implementation must hand out memory that is valid for reads and writes of
-/// `layout.size()` bytes, aligned to `layout.align()`, and not used by anything else
-/// until it is given back with `free_block`, like
-/// [`GlobalAlloc::alloc`](std::alloc::GlobalAlloc::alloc). The source writes into the
-/// blocks as soon as it has them.
-///
-/// ```
-/// use std::alloc::{GlobalAlloc, Layout, System};
-/// use std::ptr::NonNull;
-/// use std::sync::atomic::{AtomicUsize, Ordering};
-/// use std::sync::Arc;
-/// use proxalloc::{BlockAllocator, BlockSource, Pool};
-///
-/// /// Counts the bytes of pool blocks it holds.
-/// #[derive(Default)]
-/// struct Counted(AtomicUsize);
-///
-/// // SAFETY: the memory comes from `System` with the same layout.
-/// unsafe impl BlockAllocator for Counted {
-///     fn alloc_block(&self, layout: Layout) -> Option<NonNull<u8>> {
-///         self.0.fetch_add(layout.size(), Ordering::Relaxed);
-///         // SAFETY: block layouts are never zero-sized.
-///         NonNull::new(unsafe { System.alloc(layout) })
-///     }
-///     unsafe fn free_block(&self, ptr: NonNull<u8>, layout: Layout) {
-///         self.0.fetch_sub(layout.size(), Ordering::Relaxed);
-///         // SAFETY: allocated above with this layout.
-///         unsafe { System.dealloc(ptr.as_ptr(), layout) }
-///     }
-/// }
-///
-/// let counted = Arc::new(Counted::default());
-/// let source = BlockSource::with_block_allocator(1 << 20, counted.clone());
-/// let mut pool = Pool::with_source(&source);
-/// let _ = pool.alloc_str("in a counted block");
-/// assert!(counted.0.load(Ordering::Relaxed) >= 8 << 10);
-/// pool.clear();
-/// drop(pool);
-/// drop(source); // every block goes back to `counted` (this thread's cache included)
-/// assert_eq!(counted.0.load(Ordering::Relaxed), 0);
-/// ```
-pub unsafe trait BlockAllocator: Send + Sync + 'static {
-    /// A block of `layout`, or `None` if there is no memory (the pool then reports an
-    /// allocation failure).
-    fn alloc_block(&self, layout: Layout) -> Option<NonNull<u8>>;
-
-    /// Takes back a block. A panic here is caught and discarded (the block is lost).
-    ///
-    /// # Safety
-    /// `ptr` came from [`alloc_block`](Self::alloc_block) on this allocator with the same
-    /// `layout`, and is not used afterwards.
-    unsafe fn free_block(&self, ptr: NonNull<u8>, layout: Layout);
-}
-
-/// The system allocator (`malloc`), bypassing a `#[global_allocator]`.
-///
-/// ```
-/// use std::sync::Arc;
-/// let source = proxalloc::BlockSource::with_block_allocator(1 << 20, Arc::new(std::alloc::System));
-/// let block = source.alloc(20_000).unwrap();
-/// // SAFETY: from `source`, not used again.
-/// unsafe { source.free(block) };
-/// ```
-// SAFETY: `System` hands out memory as `GlobalAlloc` promises.
-unsafe impl BlockAllocator for std::alloc::System {
-    fn alloc_block(&self, layout: Layout) -> Option<NonNull<u8>> {
-        // SAFETY: block layouts have a non-zero size.
-        NonNull::new(unsafe { std::alloc::GlobalAlloc::alloc(self, layout) })
-    }
-
-    unsafe fn free_block(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: per the caller's contract, allocated by `alloc_block` with `layout`.
-        unsafe { std::alloc::GlobalAlloc::dealloc(self, ptr.as_ptr(), layout) }
-    }
 }
 
 /// Hands out blocks of 8 KiB and more to pools, caching freed ones within a `max_free`
@@ -417,7 +328,9 @@ impl BlockSource {
     }
 
     /// Gives every cached block back to the system (the depots, the large buckets and the
-    /// calling thread's cache). Returns the bytes released.
+    /// calling thread's cache; other threads are asked to flush theirs, as
+    /// [`ClassAllocator::trim`](crate::ClassAllocator::trim) does). Returns the bytes
+    /// released.
     ///
     /// ```
     /// let source = proxalloc::BlockSource::new(1 << 20);

@@ -7,8 +7,8 @@ use std::mem::{align_of, size_of};
 use std::ptr::{self, NonNull};
 
 use super::{BlockSource, Pool, RawBlock, State, BLOCK_ALIGN, BLOCK_CLASSES};
-use crate::class::AllocError;
 use crate::debug::POISON;
+use crate::error::AllocError;
 
 /// Bytes at the start of every block holding its header (one cache line, so the data
 /// that follows keeps the block's alignment).

@@ -46,9 +46,8 @@ use std::marker::PhantomData;
 use std::panic::resume_unwind;
 use std::ptr::{self, NonNull};
 
-pub use block_source::{
-    BlockAllocator, BlockSource, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
-};
+pub use crate::core::backing::BlockAllocator;
+pub use block_source::{BlockSource, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE};
 use bump::{BlockHeader, SENTINEL};
 use cleanup::CleanupHeader;
 pub use cleanup::CleanupKey;
@@ -56,7 +55,7 @@ pub use subpool::SubPool;
 pub use vec::PoolVec;
 pub use writer::PoolWriter;
 
-use crate::class::AllocError;
+use crate::error::AllocError;
 
 struct State {
     /// The block `clear` keeps (null until the first allocation).
