@@ -13,8 +13,8 @@ use loom::sync::{mpsc, Arc};
 use loom::thread;
 
 use super::{
-    allocator, bypass_allocator, churn, finish, granted, holdings, key, wait_for_exits, Admin,
-    Alloc, GcPeriod, SendPtr,
+    allocator, bypass_allocator, churn, finish, granted, holdings, key, magazine_bytes,
+    wait_for_exits, Admin, Alloc, GcPeriod, SendPtr,
 };
 use crate::core::table;
 use crate::core::thread_cache::Holdings;
@@ -195,6 +195,7 @@ fn idle_collector_gives_back_a_stash_while_trim_all_takes_it() {
     loom::model(|| {
         let b = Arc::new(bypass_allocator());
         let a = Arc::new(allocator(1, 8));
+        let mb = magazine_bytes(&a);
         let (tx, rx) = mpsc::channel();
         let worker = {
             let (a, b) = (Arc::clone(&a), Arc::clone(&b));
@@ -215,7 +216,7 @@ fn idle_collector_gives_back_a_stash_while_trim_all_takes_it() {
         rx.recv().unwrap();
         Admin::of(&a).trim();
         let (grown, idle) = worker.join().unwrap();
-        assert_eq!((grown.stash, grown.grant), (2, 16), "setup: {grown:?}");
+        assert_eq!((grown.stash, grown.grant), (2, 2 * mb), "setup: {grown:?}");
         assert!(idle.is_empty(), "an idle cache kept {idle:?}");
         assert_eq!(granted(), 0, "a grant was kept");
         wait_for_exits(&a);
@@ -235,6 +236,7 @@ fn stash_push_races_trim_all(next_slow_path: bool) {
     loom::model(move || {
         let b = Arc::new(bypass_allocator());
         let a = Arc::new(allocator(1, 8));
+        let mb = magazine_bytes(&a);
         let (tx, rx) = mpsc::channel();
         let (done_tx, done_rx) = mpsc::channel::<()>();
         let worker = {
@@ -259,9 +261,9 @@ fn stash_push_races_trim_all(next_slow_path: bool) {
         Admin::of(&a).trim();
         done_tx.send(()).unwrap();
         let (grown, h) = worker.join().unwrap();
-        assert_eq!((grown.stash, grown.grant), (2, 16), "setup: {grown:?}");
+        assert_eq!((grown.stash, grown.grant), (2, 2 * mb), "setup: {grown:?}");
         assert!(
-            h.stash as usize * 8 <= h.grant,
+            h.stash as usize * mb <= h.grant,
             "a stash beyond its grant: {h:?}"
         );
         wait_for_exits(&a);

@@ -26,7 +26,9 @@ use std::ptr::NonNull;
 use loom::sync::Arc;
 use loom::thread;
 
+use super::budget;
 use super::engine::Engine;
+use super::magazine::cached_bytes;
 use super::table::{self, Lookup};
 use super::thread_cache::Holdings;
 use crate::registry::Registered;
@@ -41,7 +43,7 @@ type Alloc = ClassAllocator<u64>;
 fn allocator(magazine: usize, depot_objects: usize) -> Alloc {
     let cfg = Config::new()
         .magazine_size(magazine)
-        .depot_bytes(depot_objects * 8);
+        .depot_bytes(depot_objects * cached_bytes(8));
     let a = ClassAllocator::with_config("loom", cfg);
     a.mode();
     a
@@ -109,7 +111,12 @@ fn holdings(key: (u32, u64)) -> Option<Holdings> {
 
 /// Bytes granted to thread caches' stashes, all threads together (per model execution).
 fn granted() -> usize {
-    table::thread_cache_budget().used()
+    budget::thread_cache_budget().used()
+}
+
+/// What one full magazine of `a` is charged to a stash's grant.
+fn magazine_bytes(a: &Alloc) -> usize {
+    a.engine_arc().magazine_bytes
 }
 
 /// A raw object pointer that may cross threads (the object it points to is `Send`).
