@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Draws docs/benchmarks.svg from criterion's output of `cargo bench --bench peers`.
+"""Draws docs/benchmarks.svg from criterion's output of
+`cargo bench -p proxalloc-tools --bench peers`.
 
 For each benchmark group (workload) it draws one bar per contender: the time per element
 (object, or request for W5) as a multiple of the group's fastest contender, on a log
@@ -60,7 +61,7 @@ def main():
     panels = [(g, load(g)) for g in GROUPS]
     panels = [(g, r) for g, r in panels if r]
     if not panels:
-        sys.exit(f"no criterion results under {ROOT}: run `cargo bench --bench peers` first")
+        sys.exit(f"no criterion results under {ROOT}: run `cargo bench -p proxalloc-tools --bench peers` first")
     bar_h, gap, label_w, plot_w = 16, 4, 190, 560
     height = 40 + sum(30 + len(r) * (bar_h + gap) + 16 for _, r in panels)
     out = [

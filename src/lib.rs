@@ -30,9 +30,13 @@
 //! memory ordering.
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// allocator-api2's `nightly` makes its `Allocator` the standard library's unstable one,
-// which `&Pool` then implements: that needs the feature gate here too.
-#![cfg_attr(feature = "nightly", feature(allocator_api))]
+// allocator-api2's `nightly` feature makes its `Allocator` the standard library's unstable
+// one, which `&Pool` then implements: that needs the feature gate here too. It is a cfg,
+// not a feature, so that `--all-features` cannot turn it on: allocator-api2's `nightly`
+// breaks hashbrown (which dropped support for it), so a graph with both fails to build.
+// A nightly user who wants `std`'s `Allocator` enables allocator-api2's `nightly` in their
+// own Cargo.toml and builds with `RUSTFLAGS="--cfg proxalloc_nightly"` (docs/tuning.md).
+#![cfg_attr(proxalloc_nightly, feature(allocator_api))]
 #![cfg_attr(proxalloc_loom, allow(dead_code, unreachable_pub))]
 
 mod class;
@@ -53,10 +57,41 @@ pub use config::{CacheMode, Config, BYPASS_ENV, MAX_MAGAZINE_SIZE};
 pub use debug::POISON;
 pub use error::AllocError;
 pub use pool::{
-    BlockAllocator, BlockSource, CleanupKey, Pool, PoolStats, PoolVec, PoolWriter, RawBlock,
-    SubPool, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
+    BlockAllocator, BlockSource, BlockSourceStats, CleanupKey, Pool, PoolStats, PoolVec,
+    PoolWriter, RawBlock, SubPool, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
 };
 pub use stats::Stats;
+
+/// The allocator-api2 crate (version 0.2) whose [`Allocator`](allocator_api2::alloc::Allocator)
+/// `&Pool` implements: collections from it, or from crates built on it such as hashbrown
+/// (0.15 to 0.17), live in a [`Pool`] through `new_in(&pool)`. Name it through this path
+/// (`proxalloc::allocator_api2::vec::Vec`) or depend on `allocator-api2 = "0.2"`: a
+/// program that depends on another version (`cargo add allocator-api2` picks 0.4) has two
+/// distinct `Allocator` traits, and `&Pool` implements 0.4's only with the
+/// `allocator-api2-04` feature.
+///
+/// ```
+/// use proxalloc::allocator_api2::vec::Vec;
+/// let pool = proxalloc::Pool::new();
+/// let mut v: Vec<u32, &proxalloc::Pool> = Vec::new_in(&pool);
+/// v.extend([1, 2, 3]);
+/// assert_eq!(v.iter().sum::<u32>(), 6);
+/// ```
+pub use allocator_api2;
+
+/// allocator-api2 version 0.4 (feature `allocator-api2-04`), whose
+/// [`Allocator`](allocator_api2_04::alloc::Allocator) `&Pool` implements too, for
+/// programs whose collections are built on that version.
+///
+/// ```
+/// use proxalloc::allocator_api2_04::vec::Vec;
+/// let pool = proxalloc::Pool::new();
+/// let mut v = Vec::new_in(&pool);
+/// v.extend_from_slice(b"0.4");
+/// assert_eq!(&v[..], b"0.4");
+/// ```
+#[cfg(feature = "allocator-api2-04")]
+pub use allocator_api2_04;
 
 /// Gives every cached object of every allocator in the process back to the system
 /// allocator: each allocator's depot, the calling thread's caches and what every other

@@ -6,15 +6,21 @@
 //! engine alive; it is touched only on those rare events and when someone reads it.
 
 use crate::stats::Stats;
+use crate::BlockSourceStats;
 
 /// Something that can report stats and give memory back: a class allocator's engine, or
-/// a pool block source.
+/// a pool block source's large blocks.
 pub(crate) trait Registered: Send + Sync {
     /// Its stats, or `None` once its owner is gone.
     fn stats(&self) -> Option<Stats>;
     /// Gives back what it caches (in the depot, and in the calling thread's cache);
     /// returns the bytes released.
     fn trim(&self) -> usize;
+    /// The numbers of the block source it belongs to, if it is a source's large blocks
+    /// (registered once per source).
+    fn source(&self) -> Option<BlockSourceStats> {
+        None
+    }
 }
 
 #[cfg(not(proxalloc_loom))]
@@ -57,6 +63,11 @@ pub(crate) use imp::{register, registered};
 /// Stats of every live allocator, in registration order.
 pub(crate) fn all_stats() -> Vec<Stats> {
     registered().iter().filter_map(|s| s.stats()).collect()
+}
+
+/// The numbers of every live block source, in registration order.
+pub(crate) fn all_sources() -> Vec<BlockSourceStats> {
+    registered().iter().filter_map(|s| s.source()).collect()
 }
 
 /// Trims every live allocator; returns the bytes released.

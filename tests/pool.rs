@@ -242,7 +242,7 @@ fn pool_vec_grows_in_place_while_last_and_copies_otherwise() {
     );
     assert!(v.iter().copied().eq(0..600));
     assert_eq!(v.pop(), Some(599));
-    let s = v.into_slice();
+    let s = v.leak();
     assert_eq!(s.len(), 599);
 
     let drops = Arc::new(Mutex::new(0));
@@ -392,4 +392,43 @@ fn debug_pools_give_each_allocation_its_own_block() {
     assert_eq!(pool.stats().blocks, 0, "no blocks from the source");
     pool.clear();
     assert_eq!(pool.stats().used_bytes, 0);
+}
+
+/// allocator-api2 0.4's collections take `&Pool` too (feature `allocator-api2-04`), next
+/// to 0.2's in the same pool: growth in place while last, a copy otherwise, the memory
+/// back on drop.
+#[cfg(feature = "allocator-api2-04")]
+#[test]
+fn allocator_api2_04_collections_work_in_a_pool() {
+    use proxalloc::allocator_api2_04::boxed::Box as Box04;
+    use proxalloc::allocator_api2_04::vec::Vec as Vec04;
+
+    let src = BlockSource::new(1 << 20);
+    let pool = Pool::with_source(&src);
+    let mut v: Vec04<u64, &Pool> = Vec04::new_in(&pool);
+    v.push(0);
+    let start = v.as_ptr();
+    v.extend(1..500);
+    assert_eq!(v.as_ptr(), start, "grew in place while last");
+    let mut old: PoolVec<'_, '_, u64> = PoolVec::new_in(&pool);
+    old.extend(0..10);
+    v.extend(500..600);
+    assert_ne!(
+        v.as_ptr(),
+        start,
+        "copied once another allocation followed it"
+    );
+    assert!(v.iter().copied().eq(0..600));
+    assert!(old.iter().copied().eq(0..10));
+    v.truncate(3);
+    v.shrink_to_fit();
+    assert_eq!((v.capacity(), &v[..]), (3, &[0, 1, 2][..]));
+    let b = Box04::new_in([7u8; 100], &pool);
+    assert_eq!(b[99], 7);
+    let used = pool.stats().used_bytes;
+    drop(b);
+    assert!(
+        pool.stats().used_bytes < used,
+        "the last allocation went back on drop"
+    );
 }

@@ -1,11 +1,15 @@
 //! The showdown's caching proxy (`examples/showdown/`) under good and bad clients: slow
 //! heads, oversized and malformed heads, chunked and sized bodies, cache hits and misses,
-//! stalled and vanished clients, and a graceful shutdown with requests in flight. After
-//! every test the proxy's allocators hold no live object.
+//! stalled and vanished clients, a burst of connections, and a graceful shutdown with
+//! requests in flight and heads under way. After every test the proxy's allocators hold
+//! no live object.
 //!
 //! The clients are plain blocking sockets on the test thread; the proxy runs on its own
 //! multi-thread tokio runtime. Deadlines here are hang guards, never assertions on speed.
 
+#[path = "../examples/showdown/global.rs"]
+#[allow(dead_code)]
+mod global;
 #[path = "../examples/showdown/origin.rs"]
 #[allow(dead_code)]
 mod origin;
@@ -454,4 +458,127 @@ fn every_mode_serves_and_frees_everything() {
         }
         assert!(h.finish());
     }
+}
+
+#[test]
+fn shutdown_closes_heads_under_way_and_finishes_requests_in_flight() {
+    // A head timeout far past the hang guard: the drain must not wait for it.
+    let limits = Limits {
+        header_read_timeout: Duration::from_secs(3600),
+        ..Limits::default()
+    };
+    let mut h = Harness::start(Mode::Caches, limits);
+    let addr = h.addr;
+    let mut half = connect(addr);
+    half.write_all(b"GET /objects/1 HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .unwrap();
+    let mut between = connect(addr); // keep-alive, between two requests
+    between
+        .write_all(b"GET /objects/2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_answer(&mut between).unwrap().status, 200);
+    let mut silent = connect(addr); // has sent nothing yet
+    let slow = std::thread::spawn(move || get(addr, "/slow/300"));
+    // The slow request is under way at the proxy; a whole exchange on a later
+    // connection gives the proxy time to have read the half head too (if it had not,
+    // hyper would close that connection as one that sent nothing, and the test would
+    // pass without the head-under-way rule: seeding a bug there shows it runs).
+    let start = Instant::now();
+    while h.allocs.txns.stats().live < 1 {
+        assert!(
+            start.elapsed() < HANG_GUARD,
+            "the slow request never arrived"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut after = connect(addr);
+    after
+        .write_all(b"GET /objects/3 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_answer(&mut after).unwrap().status, 200);
+    let running = h.running.take().unwrap();
+    let shutdown = h.runtime.spawn(running.shutdown());
+    // The request in flight is answered; every other connection is closed unanswered.
+    let answer = slow.join().unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.head);
+    for c in [&mut half, &mut between, &mut silent, &mut after] {
+        let mut rest = Vec::new();
+        match c.read_to_end(&mut rest) {
+            Ok(_) => assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest)),
+            Err(e) => assert_eq!(e.kind(), ErrorKind::ConnectionReset, "hang guard: {e}"),
+        }
+    }
+    // Drained within the drain timeout, which a head left waiting would have outlasted.
+    assert!(h.runtime.block_on(shutdown).unwrap(), "did not drain");
+    drop(h.runtime);
+    assert_eq!(h.allocs.live(), 0);
+}
+
+#[test]
+fn the_listener_queues_a_burst_of_connections_it_has_not_accepted() {
+    // Nothing accepts: every connection whose handshake completes waits in the kernel's
+    // accept queue, which holds about `backlog` (std's and tokio's `bind` ask for 128).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = runtime
+        .block_on(async { server::listen(SocketAddr::from(([127, 0, 0, 1], 0))) })
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(4096);
+    assert!(
+        server::backlog() >= somaxconn.max(1024),
+        "{}",
+        server::backlog()
+    );
+    let burst = somaxconn.min(1100) as usize;
+    raise_fd_limit(burst + 64);
+    // A connection past a full queue loses its SYN and its connect never completes: the
+    // hang guard turns that into a failure.
+    let conns: Vec<TcpStream> = (0..burst)
+        .map(|i| {
+            TcpStream::connect_timeout(&addr, HANG_GUARD)
+                .unwrap_or_else(|e| panic!("connection {i} of {burst} not queued: {e}"))
+        })
+        .collect();
+    assert_eq!(conns.len(), burst);
+    drop(conns);
+    drop(listener);
+}
+
+/// Raises the soft limit on open files to at least `n` (up to the hard limit).
+fn raise_fd_limit(n: usize) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < n as u64 {
+            limit.rlim_cur = limit.rlim_max.min(n as u64);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+#[test]
+fn the_global_allocator_is_the_one_the_environment_names_and_this_build_has() {
+    use global::{choose, Kind};
+    for kind in Kind::ALL {
+        assert_eq!(Kind::parse(kind.flag()), Some(kind));
+    }
+    assert_eq!(choose(None, true), Kind::Glibc);
+    assert_eq!(choose(Some(b"glibc"), true), Kind::Glibc);
+    assert_eq!(choose(Some(b"mimalloc"), false), Kind::Mimalloc);
+    assert_eq!(choose(Some(b"jemalloc"), true), Kind::Jemalloc);
+    // A build without jemalloc runs under glibc, and `ensure` says why.
+    assert_eq!(choose(Some(b"jemalloc"), false), Kind::Glibc);
+    assert_eq!(choose(Some(b"tcmalloc"), true), Kind::Glibc);
+    assert_eq!(global::ENV, "SHOWDOWN_GLOBAL");
+    let example = global::Global::<global::NoJemalloc>::new(None);
+    assert!(example.has(Kind::Mimalloc) && !example.has(Kind::Jemalloc));
 }

@@ -3,6 +3,10 @@
 
 use proxalloc::{stats, ClassAllocator};
 
+/// Held by the tests that make block sources, so that sums over all sources are exact.
+#[cfg(any(feature = "serde", feature = "metrics"))]
+static SOURCES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn for_each_sees_what_all_sees() {
     let a = ClassAllocator::<[u8; 72]>::new("export-for-each");
@@ -64,6 +68,8 @@ fn table_matches_the_text_dump() {
 
 #[cfg(feature = "serde")]
 mod serde_round_trip {
+    use proxalloc::{BlockSource, Pool};
+
     use super::*;
 
     #[test]
@@ -107,6 +113,32 @@ mod serde_round_trip {
             .unwrap();
         assert_eq!((row.live, row.frees), (-1, 1));
     }
+
+    #[test]
+    fn pool_and_source_stats_survive_json() {
+        let _sources = SOURCES.lock().unwrap_or_else(|e| e.into_inner());
+        let source = BlockSource::new(2 << 20);
+        let pool = Pool::with_source(&source);
+        let _ = pool.alloc_str("serialized");
+        let s = pool.stats();
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(
+            json.contains(&format!(r#""used_bytes":{}"#, s.used_bytes)),
+            "{json}"
+        );
+        assert_eq!(
+            serde_json::from_str::<proxalloc::PoolStats>(&json).unwrap(),
+            s
+        );
+
+        let src = source.source_stats();
+        let json = serde_json::to_string(&src).unwrap();
+        assert!(json.contains(r#""max_free":2097152"#), "{json}");
+        assert_eq!(
+            serde_json::from_str::<proxalloc::BlockSourceStats>(&json).unwrap(),
+            src
+        );
+    }
 }
 
 #[cfg(feature = "metrics")]
@@ -118,12 +150,20 @@ mod metrics_facade {
         Counter, CounterFn, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder,
         SharedString, Unit,
     };
+    use proxalloc::{BlockSource, Pool};
 
     use super::*;
 
-    /// A recorder that keeps the last value of each `metric{allocator}`.
+    /// A metric's kind (`"gauge"`, ...), unit and help text, as described.
+    type Description = (&'static str, Option<Unit>, String);
+
+    /// A recorder that keeps the last value of each `metric{labels}`, and each metric's
+    /// description.
     #[derive(Default)]
-    struct Capture(Arc<Mutex<BTreeMap<String, f64>>>);
+    struct Capture {
+        values: Arc<Mutex<BTreeMap<String, f64>>>,
+        described: Mutex<BTreeMap<String, Description>>,
+    }
 
     struct Cell(Arc<Mutex<BTreeMap<String, f64>>>, String);
 
@@ -155,16 +195,35 @@ mod metrics_facade {
                 .map(|l| format!("{}={}", l.key(), l.value()))
                 .collect();
             Arc::new(Cell(
-                self.0.clone(),
+                self.values.clone(),
                 format!("{}{{{}}}", key.name(), labels.join(",")),
             ))
+        }
+
+        fn describe(
+            &self,
+            kind: &'static str,
+            key: KeyName,
+            unit: Option<Unit>,
+            help: SharedString,
+        ) {
+            self.described
+                .lock()
+                .unwrap()
+                .insert(key.as_str().to_string(), (kind, unit, help.to_string()));
         }
     }
 
     impl Recorder for Capture {
-        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_counter(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+            self.describe("counter", key, unit, help);
+        }
+        fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+            self.describe("gauge", key, unit, help);
+        }
+        fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+            self.describe("histogram", key, unit, help);
+        }
         fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
             Counter::from_arc(self.cell(key))
         }
@@ -186,13 +245,109 @@ mod metrics_facade {
         drop(a.alloc([0; 32]));
         let capture = Capture::default();
         metrics::with_local_recorder(&capture, stats::record_metrics);
-        let values = capture.0.lock().unwrap();
+        let values = capture.values.lock().unwrap();
         let get = |m: &str| values[&format!("{m}{{allocator=export-metrics}}")];
         assert_eq!(get("proxalloc_live_objects"), 5.0);
         assert_eq!(get("proxalloc_allocs_total"), 6.0);
         assert_eq!(get("proxalloc_frees_total"), 1.0);
         assert_eq!(get("proxalloc_reserved_bytes"), 6.0 * 32.0);
+        assert_eq!(get("proxalloc_cached_bytes"), 32.0, "the freed one, cached");
         assert!(values.contains_key("proxalloc_threads{allocator=export-metrics}"));
         drop((held_a, held_b));
+    }
+
+    #[test]
+    fn every_metric_is_described_with_its_kind_and_unit() {
+        let a = ClassAllocator::<u64>::new("export-described");
+        let x = a.alloc(1);
+        let capture = Capture::default();
+        metrics::with_local_recorder(&capture, stats::record_metrics);
+        let values = capture.values.lock().unwrap();
+        let described = capture.described.lock().unwrap();
+        let names: std::collections::BTreeSet<&str> =
+            values.keys().map(|k| &k[..k.find('{').unwrap()]).collect();
+        assert!(names.len() >= 18, "{names:?}");
+        for name in names {
+            let (kind, unit, help) = described
+                .get(name)
+                .unwrap_or_else(|| panic!("{name} is not described"));
+            let expected_kind = if name.ends_with("_total") {
+                "counter"
+            } else {
+                "gauge"
+            };
+            assert_eq!(*kind, expected_kind, "{name}");
+            let expected_unit = if name.ends_with("_bytes") {
+                Unit::Bytes
+            } else {
+                Unit::Count
+            };
+            assert_eq!(*unit, Some(expected_unit), "{name}");
+            assert!(help.len() > 10 && help.ends_with('.'), "{name}: {help:?}");
+        }
+        assert_eq!(
+            described.len(),
+            18,
+            "nothing described that is not recorded"
+        );
+        drop(x);
+    }
+
+    #[test]
+    fn pools_appear_through_their_block_sources() {
+        let _sources = SOURCES.lock().unwrap_or_else(|e| e.into_inner());
+        let source = BlockSource::new(1 << 20);
+        let mut pool = Pool::with_source(&source);
+        let _ = pool.alloc_str("in an 8 KiB block");
+        let _ = pool.alloc_slice_fill_with(100_000, |i| i as u8); // a large block: 100 KiB
+        let cached = source.alloc(100_000).unwrap(); // another, cached once freed
+                                                     // SAFETY: from `source`, not used again.
+        unsafe { source.free(cached) };
+        let mine = source.source_stats();
+        assert_eq!(
+            (mine.large_live_blocks, mine.large_live_bytes),
+            (1, 102_400),
+            "the pool's large block: {mine:?}"
+        );
+        assert_eq!(
+            (mine.large_cached_blocks, mine.large_cached_bytes),
+            (1, 102_400)
+        );
+        assert_eq!((mine.max_free, mine.cached_bytes), (1 << 20, 102_400));
+        let all = stats::block_sources();
+        assert!(all.contains(&mine));
+
+        let capture = Capture::default();
+        metrics::with_local_recorder(&capture, stats::record_metrics);
+        let values = capture.values.lock().unwrap();
+        let sum =
+            |f: fn(&proxalloc::BlockSourceStats) -> u64| all.iter().map(f).sum::<u64>() as f64;
+        assert_eq!(values["proxalloc_pool_sources{}"], all.len() as f64);
+        assert_eq!(
+            values["proxalloc_pool_max_free_bytes{}"],
+            sum(|s| s.max_free as u64)
+        );
+        assert_eq!(
+            values["proxalloc_pool_cached_bytes{}"],
+            sum(|s| s.cached_bytes as u64)
+        );
+        assert_eq!(
+            values["proxalloc_pool_large_live_bytes{}"],
+            sum(|s| s.large_live_bytes)
+        );
+        assert_eq!(
+            values["proxalloc_pool_large_cached_bytes{}"],
+            sum(|s| s.large_cached_bytes)
+        );
+        // The large blocks' row carries their bytes, not 0 (the row counts blocks).
+        assert_eq!(
+            values["proxalloc_reserved_bytes{allocator=pool-blocks-large}"],
+            sum(|s| s.large_live_bytes + s.large_cached_bytes)
+        );
+        assert!(values["proxalloc_live_objects{allocator=pool-blocks-8K}"] >= 1.0);
+        drop(values);
+        pool.clear();
+        assert_eq!(source.source_stats().large_live_bytes, 0, "cleared");
+        assert_eq!(source.source_stats().large_cached_bytes, 2 * 102_400);
     }
 }

@@ -49,7 +49,6 @@ use hyper_util::rt::TokioExecutor;
 use proxalloc::{
     pformat, BlockSource, CacheMode, ClassAllocator, ClassBox, Config, Pool, DEFAULT_MAX_FREE,
 };
-use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -64,8 +63,8 @@ pub enum Mode {
     /// Every allocation and free through the shared depot: Traffic Server's global
     /// freelist, before its ProxyAllocators.
     Depot,
-    /// Every object from the system allocator (`CacheMode::Bypass`; with
-    /// `PROXALLOC_BYPASS=1`, pool blocks too).
+    /// Every object from the global allocator (`CacheMode::Bypass`; with
+    /// `PROXALLOC_BYPASS=1`, pool blocks too): glibc's malloc, mimalloc or jemalloc.
     System,
 }
 
@@ -89,7 +88,7 @@ impl Mode {
         match self {
             Mode::Caches => "thread caches",
             Mode::Depot => "depot only (global freelist)",
-            Mode::System => "system allocator",
+            Mode::System => "global allocator",
         }
     }
 
@@ -739,8 +738,8 @@ pub async fn start(
     limits: Limits,
     cache_bytes: usize,
 ) -> io::Result<Running> {
-    let origin_listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await?;
+    let origin_listener = server::listen(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
+    let listener = server::listen(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))?;
     let (addr, origin_addr) = (listener.local_addr()?, origin_listener.local_addr()?);
     let proxy = Arc::new(Proxy::new(allocs, origin_addr, cache_bytes));
     let (stop, stopped) = oneshot::channel::<()>();

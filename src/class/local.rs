@@ -7,9 +7,8 @@ use std::marker::PhantomData;
 
 use super::raw::FreeOnUnwind;
 use super::{ClassAllocator, ClassBox};
+use crate::core::cache::Pinned;
 use crate::core::engine::Engine;
-use crate::core::table;
-use crate::core::thread_cache::{Pin, ThreadCache};
 
 /// This thread's cache of one allocator, in hand: see [`ClassAllocator::with_local`].
 /// Allocations and frees through it skip the thread-local lookup.
@@ -28,9 +27,8 @@ use crate::core::thread_cache::{Pin, ThreadCache};
 /// ```
 pub struct LocalCache<'a, T> {
     pub(super) alloc: &'a ClassAllocator<T>,
-    /// This thread's cache, pinned for the whole `with_local` call; `None` once
-    /// thread-local storage is gone (then everything goes to the backing allocator).
-    pub(super) cache: Option<*const ThreadCache>,
+    /// This thread's cache, pinned for the whole `with_local` call.
+    pub(super) cache: Pinned,
     pub(super) _not_send: PhantomData<*mut ()>,
 }
 
@@ -63,19 +61,13 @@ impl<T> ClassAllocator<T> {
     /// A.with_local(|outer| A.with_local(|inner| std::mem::swap(outer, inner)));
     /// ```
     pub fn with_local<'a, R>(&'a self, f: impl FnOnce(&LocalCache<'a, T>) -> R) -> R {
-        // Without thread-local storage: no cache, straight to the backing allocator.
-        let cache = self.cache_or_register(&self.engine_arc());
-        // Keeps `release_thread_cache` (called from `f`) from retiring the cache.
-        // SAFETY: this thread's cache; nothing borrows its owner part here.
-        let pin = cache.map(|c| unsafe { Pin::new(c) });
-        let result = f(&LocalCache {
+        // Pinned, so `release_thread_cache` (called from `f`) flushes the cache instead
+        // of retiring it; unpinned on the way out, where flush requests are honoured.
+        f(&LocalCache {
             alloc: self,
-            cache,
+            cache: Pinned::new(&self.engine_arc()),
             _not_send: PhantomData,
-        });
-        drop(pin);
-        table::honour_flush_requests();
-        result
+        })
     }
 }
 
@@ -124,12 +116,7 @@ impl<'a, T> LocalCache<'a, T> {
         if self.alloc.capped() {
             return self.alloc.alloc_with(init);
         }
-        let object = match self.cache {
-            // SAFETY: this thread's pinned cache, alive for the whole `with_local` call;
-            // nothing borrows its owner part between calls into the allocator.
-            Some(c) => unsafe { self.engine().alloc_from(&*c) },
-            None => self.engine().alloc_backing(),
-        };
+        let object = self.cache.alloc(self.engine());
         let object = object.unwrap_or_else(|| std::alloc::handle_alloc_error(Layout::new::<T>()));
         self.alloc.on_alloc(object);
         let object = object.cast::<T>();
@@ -188,12 +175,8 @@ impl<'a, T> LocalCache<'a, T> {
         std::mem::forget(guard);
         let p = ptr.cast::<u8>();
         self.alloc.on_free(p);
-        match self.cache {
-            // SAFETY: see `alloc_with`; the memory is ours and no longer used.
-            Some(c) => unsafe { self.engine().free_into(&*c, p) },
-            // SAFETY: as above.
-            None => unsafe { self.engine().free_backing(p) },
-        }
+        // SAFETY: the memory is this allocator's and no longer used.
+        unsafe { self.cache.free(self.engine(), p) }
     }
 }
 

@@ -20,6 +20,7 @@ use std::mem::MaybeUninit;
 use crate::config::{CacheMode, Config};
 use crate::core::backing::ObjectHooks;
 use crate::core::budget::ByteBudget;
+use crate::core::cache::{self, Hints};
 use crate::core::engine::Engine;
 use crate::error::AllocError;
 use crate::stats::Stats;
@@ -65,12 +66,8 @@ pub struct ClassAllocator<T> {
     budget: Option<Arc<ByteBudget>>,
     /// The engine, created on first use.
     engine: LazyArc<Engine>,
-    /// Copies of the engine's table index and instance number, so the fast paths find
-    /// the thread's cache without touching the engine. Only hints (std atomics even
-    /// under loom: nothing is published through them): until they are set they match
-    /// no cache, and a mismatch takes the cold path, which uses the engine's own.
-    index_hint: crate::sync::process::AtomicU32,
-    instance_hint: crate::sync::process::AtomicU64,
+    /// How the fast paths find this thread's cache without touching the engine.
+    hints: Hints,
     _type: PhantomData<fn(T) -> T>,
 }
 
@@ -124,8 +121,7 @@ impl<T> ClassAllocator<T> {
                 hooks,
                 budget,
                 engine: LazyArc::new(),
-                index_hint: crate::sync::process::AtomicU32::new(u32::MAX),
-                instance_hint: crate::sync::process::AtomicU64::new(u64::MAX),
+                hints: Hints::unset(),
                 _type: PhantomData,
             }
         }
@@ -195,17 +191,11 @@ impl<T> ClassAllocator<T> {
         let (e, lost) = self.engine.publish(fresh);
         match lost {
             None => {
-                use crate::sync::Ordering;
-                self.index_hint.store(e.index(), Ordering::Relaxed);
-                // A capped allocator keeps its instance hint unset, so its fast paths
-                // never match and every operation counts its permit on the slow path.
-                if !self.capped() {
-                    self.instance_hint.store(e.instance(), Ordering::Relaxed);
-                }
+                self.hints.set(e, self.capped());
                 crate::registry::register::<Engine>(&self.engine.arc());
             }
             // SAFETY: ours was never published or used.
-            Some(ours) => unsafe { ours.shutdown() },
+            Some(ours) => unsafe { cache::shutdown(&ours) },
         }
         e
     }
@@ -389,7 +379,7 @@ impl<T> ClassAllocator<T> {
     /// assert_eq!(PAGES.stats().reserved_bytes(), 0); // ...until trimmed
     /// ```
     pub fn trim(&self) -> usize {
-        self.engine().trim() * std::mem::size_of::<T>()
+        cache::trim(self.engine()) * std::mem::size_of::<T>()
     }
 
     /// Hands this thread's cached objects to the depot and forgets this thread's cache
@@ -406,7 +396,7 @@ impl<T> ClassAllocator<T> {
     /// assert_eq!((s.cached_in_threads, s.cached_in_depot), (0, 1));
     /// ```
     pub fn release_thread_cache(&self) {
-        self.engine().release_thread_cache();
+        cache::release_thread_cache(self.engine());
     }
 
     /// A snapshot of this allocator's counters.
@@ -431,7 +421,7 @@ impl<T> Drop for ClassAllocator<T> {
         if let Some(engine) = self.engine.take() {
             // SAFETY: `&mut self`: no handle or borrow of the allocator is left, so no
             // thread can be using it; the allocator's strong count is given up here.
-            unsafe { engine.shutdown() };
+            unsafe { cache::shutdown(&engine) };
         }
     }
 }

@@ -17,23 +17,14 @@
 
 use super::engine::{Engine, Evictions};
 use super::ids;
-use super::table;
-use super::thread_cache::{Counts, ThreadCache};
-use crate::registry::Registered;
+use super::thread_cache::{self, Counts, Owner, ThreadCache};
 use crate::stats::Stats;
-use crate::sync::{self, Arc, Ordering};
+use crate::sync::{self, Ordering};
 
 impl Engine {
     /// Adds a newly created cache of this thread to the engine's cache list.
     pub(crate) fn adopt(&self, cache: *const ThreadCache) {
         sync::lock(&self.cache_list).caches.push(cache);
-    }
-
-    /// Creates and registers a cache for this thread (if thread-local storage is still
-    /// there); callers look it up afterwards.
-    #[cold]
-    pub(crate) fn register(engine: &Arc<Engine>) {
-        table::install(engine);
     }
 
     /// Thread exit, `release_thread_cache`, or a sweep that found the allocator gone:
@@ -43,17 +34,17 @@ impl Engine {
     /// # Safety
     /// `c` was registered with this engine by the calling thread, which will not use it
     /// again for this engine, with no reference from its owner part live.
-    pub(crate) unsafe fn retire_cache(&self, c: &ThreadCache) -> Evictions {
+    pub(crate) unsafe fn retire_cache(&self, c: Owner<'_>) -> Evictions {
         // SAFETY: forwarded.
         let evictions = unsafe { self.flush(c) };
         let mut list = sync::lock(&self.cache_list);
         // A dead engine's cache list is already empty, and its stats are never read again.
-        if let Some(pos) = list.caches.iter().position(|&x| std::ptr::eq(x, c)) {
+        if let Some(pos) = list.caches.iter().position(|&x| std::ptr::eq(x, &*c)) {
             list.caches.swap_remove(pos);
             self.retired.add_shared(&c.counters);
         }
         // SAFETY: this thread's own cache.
-        let credits = unsafe { ThreadCache::seize_credits(c) };
+        let credits = unsafe { ThreadCache::seize_credits(&*c) };
         self.available
             .fetch_add(credits as usize, Ordering::Relaxed);
         evictions
@@ -63,14 +54,14 @@ impl Engine {
     /// one magazine back to the depot, the previous one first.
     ///
     /// # Safety
-    /// As for [`alloc_slow`](Self::alloc_slow).
-    pub(crate) unsafe fn release_idle_magazine(&self, c: &ThreadCache) -> Evictions {
-        // SAFETY: forwarded; nothing below runs user code.
-        let o = unsafe { c.owned() };
+    /// As for [`refill_and_pop`](Self::refill_and_pop).
+    pub(crate) unsafe fn release_idle_magazine(&self, c: Owner<'_>) -> Evictions {
         let mut evictions = Evictions::default();
         // The stash and its grant go first, all at once: a thread idle for a period has
         // no use for what it grew to.
         if !self.give_back_stash(c, &mut evictions) {
+            // SAFETY: forwarded; nothing below runs user code.
+            let o = unsafe { c.owned() };
             if let Some(mag) = o.take_previous().or_else(|| o.unload()) {
                 // SAFETY: a descriptor of this engine's table.
                 evictions.push(self.put(c, unsafe { self.mag(mag) }));
@@ -79,33 +70,17 @@ impl Engine {
         evictions
     }
 
-    /// Hands this thread's magazines to the depot and forgets this thread's cache
-    /// (only flushes it while a `with_local` call holds it). Returns the number of
-    /// objects released to the backing allocator (what the depot did not take).
-    pub(crate) fn release_thread_cache(&self) -> usize {
-        if let table::Lookup::Cache(c) = table::lookup(self.index, self.instance) {
-            // SAFETY: this thread's own cache; no reference into it is live here.
-            let c = unsafe { &*c };
-            // SAFETY: as above.
-            if c.pinned() {
-                // SAFETY: as above.
-                let evictions = unsafe { self.flush(c) };
-                return self.release(evictions);
-            }
-        }
-        table::uninstall(self)
-    }
-
-    /// Gives back everything cached that can be reached now: every thread's stash (taken
-    /// at once; each owner is also asked to flush its two magazines at its next slow
-    /// path), this thread's cache, and the depot. Returns the number of objects released.
-    /// A dead allocator's caches are its owners' to release: nothing to do.
-    pub(crate) fn trim(&self) -> usize {
+    /// The part of a trim that reaches other threads: under the cache-list lock, takes
+    /// every registered cache's stash and grant and asks its owner to flush the rest;
+    /// then releases the stashes (running destructors, for a recycling allocator).
+    /// Returns the number of objects released, or `None` for a dead allocator, whose
+    /// caches are their owners' to release.
+    pub(crate) fn trim_stashes(&self) -> Option<usize> {
         let mut stashes = Vec::new();
         {
             let list = sync::lock(&self.cache_list);
             if !self.is_alive() {
-                return 0;
+                return None;
             }
             for &c in &list.caches {
                 // SAFETY: registered caches stay allocated while the lock is held.
@@ -115,29 +90,29 @@ impl Engine {
                 }
             }
         }
-        table::announce_flush_requests();
-        let mut released = self.release_stashes(stashes);
-        if let table::Lookup::Cache(c) = table::lookup(self.index, self.instance) {
-            // SAFETY: this thread's own cache; no reference into it is live here (its
-            // flush request, set above, is left for its next sweep: a flush of an empty
-            // cache).
-            let evictions = unsafe { self.flush(&*c) };
-            released += self.release(evictions);
-        }
-        released += self.depot.trim();
+        thread_cache::announce_flush_requests();
+        Some(self.release_stashes(stashes))
+    }
+
+    /// The end of a trim: gives everything the depot caches back to the backing
+    /// allocator, and asks the C allocator to return memory to the OS if the whole trim
+    /// (`released` objects before this) gave back much. Returns the objects released in
+    /// all.
+    pub(crate) fn trim_depot(&self, released: usize) -> usize {
+        let released = released + self.depot.trim();
         super::backing::release_to_os(released * self.backing().object_size());
         released
     }
 
-    /// The allocator is being dropped: this thread's cache and the depot are released
-    /// now; every other thread is asked to release its cache at its next slow path or
-    /// exit (the engine stays alive, held by those threads' tables, until they have).
+    /// The allocator is being dropped (the caller has retired this thread's cache): the
+    /// depot is released now; every other thread is asked to release its cache at its
+    /// next slow path or exit (the engine stays alive, held by those threads' tables,
+    /// until they have).
     ///
     /// # Safety
     /// No thread can allocate or free through the allocator any more (its owner is being
     /// dropped).
     pub(crate) unsafe fn shutdown(&self) {
-        table::uninstall(self);
         let mut stashes = Vec::new();
         {
             let mut list = sync::lock(&self.cache_list);
@@ -150,9 +125,9 @@ impl Engine {
                 }
             }
         }
-        table::announce_flush_requests();
-        let released = self.release_stashes(stashes) + self.depot.trim();
-        super::backing::release_to_os(released * self.backing().object_size());
+        thread_cache::announce_flush_requests();
+        let released = self.release_stashes(stashes);
+        self.trim_depot(released);
         ids::release(self.index);
     }
 
@@ -220,16 +195,5 @@ impl Engine {
             overflows: n.overflows,
             threads,
         }
-    }
-}
-
-impl Registered for Engine {
-    fn stats(&self) -> Option<Stats> {
-        self.is_alive().then(|| Engine::stats(self))
-    }
-
-    /// `trim_all`: [`Engine::trim`], in bytes.
-    fn trim(&self) -> usize {
-        Engine::trim(self) * self.backing().object_size()
     }
 }

@@ -342,17 +342,18 @@ impl Depot {
     /// An empty magazine with slot storage, owned by the caller: a recycled one, or a new
     /// one. `None` only when memory for a new magazine cannot be had.
     pub fn take_empty(&self) -> Option<&Magazine> {
-        match self.empty.pop(&self.table) {
-            Some(mag) => {
-                // SAFETY: popped, so owned here.
-                if unsafe { self.table.ensure_slots(mag) } {
-                    Some(mag)
-                } else {
-                    self.empty.push(mag);
-                    None
-                }
-            }
-            None => self.table.create(),
+        let mag = match self.empty.pop(&self.table) {
+            Some(mag) => mag,
+            None => self.table.create_descriptor()?,
+        };
+        // SAFETY: popped or just created, so owned here.
+        if unsafe { self.table.ensure_slots(mag) } {
+            Some(mag)
+        } else {
+            // Kept on the empty stack (whose magazines may lack storage), so the next
+            // attempt retries its storage instead of claiming another index.
+            self.empty.push(mag);
+            None
         }
     }
 

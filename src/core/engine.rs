@@ -19,8 +19,7 @@ use super::budget::{self, ByteBudget};
 use super::depot::{Depot, Eviction, Put};
 use super::ids;
 use super::magazine::{self, Magazine, NIL};
-use super::table;
-use super::thread_cache::{Counters, ThreadCache};
+use super::thread_cache::{Counters, Owner, ThreadCache};
 use crate::config::{bypass_from_env, CacheMode, Config};
 use crate::sync::{self, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
 
@@ -141,6 +140,11 @@ impl Engine {
         self.mode
     }
 
+    /// Whether `Config::max_live` caps the allocator.
+    pub(crate) fn capped(&self) -> bool {
+        self.capped
+    }
+
     /// Whether the allocator still exists (a hint off the cache-list lock).
     pub(crate) fn is_alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
@@ -163,81 +167,56 @@ impl Engine {
         unsafe { mag.as_ref() }
     }
 
-    /// Slow path of an allocation: the loaded magazine is empty (or caching is off).
+    /// The exchange rules for an allocation that found the loaded magazine empty:
+    /// refill it (from the previous magazine, the stash or the depot) and pop, or, with
+    /// no thread caching, take one object from the depot. `None` when there is nothing
+    /// cached: the caller goes to the backing allocator. Runs no user code.
     ///
     /// # Safety
     /// `c` is this thread's registered cache for this engine, with no reference from
     /// its owner part live.
-    #[cold]
-    #[inline(never)]
-    pub(crate) unsafe fn alloc_slow(&self, c: &ThreadCache) -> Option<NonNull<u8>> {
-        let got = match self.mode {
-            // SAFETY: forwarded; `refill` runs no user code.
-            CacheMode::ThreadCaches => unsafe {
-                if self.refill(c) {
-                    c.pop()
-                } else {
-                    None
-                }
-            },
+    #[inline]
+    pub(crate) unsafe fn refill_and_pop(&self, c: Owner<'_>) -> Option<NonNull<u8>> {
+        debug_assert_eq!(
+            c.instance_of(),
+            self.instance,
+            "a cache of another allocator"
+        );
+        match self.mode {
+            // SAFETY: forwarded.
+            CacheMode::ThreadCaches => unsafe { self.refill(c) }.then(|| c.pop()).flatten(),
             CacheMode::DepotOnly => self.take_one(c).inspect(|_| c.counters.allocs.bump(1)),
             CacheMode::Bypass => None,
-        };
-        table::after_slow_path();
-        got.or_else(|| self.alloc_backing())
+        }
     }
 
-    /// Slow path of a free: the loaded magazine is full (or caching is off).
+    /// The exchange rules for a free that found the loaded magazine full: make room
+    /// (swap with the previous magazine, or exchange with the stash or the depot) and
+    /// push `p`, or, with no thread caching, hand it to the depot in a magazine of its
+    /// own; then release what the depot's budget refused (which may run user code, the
+    /// cache being consistent by then). False when `p` was not taken (bypass, or no
+    /// memory for a magazine): the caller gives it to the backing allocator.
     ///
     /// # Safety
     /// `p` is an object of this engine that nobody uses any more; `c` is as for
-    /// [`alloc_slow`](Self::alloc_slow).
-    #[cold]
-    #[inline(never)]
-    pub(crate) unsafe fn free_slow(&self, c: &ThreadCache, p: NonNull<u8>) {
+    /// [`refill_and_pop`](Self::refill_and_pop).
+    #[inline]
+    pub(crate) unsafe fn make_room_and_push(&self, c: Owner<'_>, p: NonNull<u8>) -> bool {
+        debug_assert_eq!(
+            c.instance_of(),
+            self.instance,
+            "a cache of another allocator"
+        );
         let done = match self.mode {
             // SAFETY: forwarded; `make_room` runs no user code.
-            CacheMode::ThreadCaches => unsafe {
-                self.make_room(c).inspect(|_| {
-                    let pushed = c.push(p);
-                    debug_assert!(pushed);
-                })
-            },
+            CacheMode::ThreadCaches => unsafe { self.make_room(c) }.inspect(|_| {
+                let pushed = c.push(p);
+                debug_assert!(pushed);
+            }),
             CacheMode::DepotOnly => self.give_one(c, p).inspect(|_| c.counters.frees.bump(1)),
             CacheMode::Bypass => None,
         };
-        match done {
-            Some(evictions) => {
-                self.release(evictions);
-                table::after_slow_path();
-            }
-            // SAFETY: forwarded from the caller.
-            None => unsafe { self.free_backing(p) },
-        }
-    }
-
-    /// An object from `c`: its loaded magazine, else the slow path.
-    ///
-    /// # Safety
-    /// As for [`alloc_slow`](Self::alloc_slow).
-    #[inline]
-    pub(crate) unsafe fn alloc_from(&self, c: &ThreadCache) -> Option<NonNull<u8>> {
-        // SAFETY: forwarded.
-        unsafe { c.pop().or_else(|| self.alloc_slow(c)) }
-    }
-
-    /// Frees `p` into `c`: its loaded magazine, else the slow path.
-    ///
-    /// # Safety
-    /// As for [`free_slow`](Self::free_slow).
-    #[inline]
-    pub(crate) unsafe fn free_into(&self, c: &ThreadCache, p: NonNull<u8>) {
-        // SAFETY: forwarded.
-        unsafe {
-            if !c.push(p) {
-                self.free_slow(c, p);
-            }
-        }
+        done.map(|evictions| self.release(evictions)).is_some()
     }
 
     /// One object straight from the backing allocator (constructed, for a recycling
@@ -252,7 +231,7 @@ impl Engine {
     /// allocator: user code), counted on the engine.
     ///
     /// # Safety
-    /// As for [`free_slow`](Self::free_slow).
+    /// `p` is an object of this engine that nobody uses any more.
     pub(crate) unsafe fn free_backing(&self, p: NonNull<u8>) {
         self.retired.frees.add_shared(1);
         // SAFETY: forwarded from the caller.
@@ -263,8 +242,9 @@ impl Engine {
     /// with the depot. False when neither has objects.
     ///
     /// # Safety
-    /// As for [`alloc_slow`](Self::alloc_slow).
-    unsafe fn refill(&self, c: &ThreadCache) -> bool {
+    /// As for [`refill_and_pop`](Self::refill_and_pop).
+    #[inline]
+    unsafe fn refill(&self, c: Owner<'_>) -> bool {
         // SAFETY: forwarded; released before this returns, and nothing below runs user
         // code.
         let o = unsafe { c.owned() };
@@ -302,7 +282,7 @@ impl Engine {
     }
 
     /// Magazines the stash of `c` may hold under its grant.
-    fn stash_capacity(&self, c: &ThreadCache) -> u32 {
+    fn stash_capacity(&self, c: Owner<'_>) -> u32 {
         (c.grant() / self.magazine_bytes).min(u32::MAX as usize) as u32
     }
 
@@ -311,7 +291,7 @@ impl Engine {
     /// process-wide budget (tcmalloc's per-thread caches grow the same way, on
     /// demonstrated demand). A thread that only frees (a consumer) or only allocates (a
     /// producer) never grows.
-    fn grow(&self, c: &ThreadCache) {
+    fn grow(&self, c: Owner<'_>) {
         let spills = c.take_spills() as usize;
         if spills == 0 {
             return;
@@ -339,8 +319,9 @@ impl Engine {
     /// with the depot. `None` when the depot cannot supply an empty magazine.
     ///
     /// # Safety
-    /// As for [`alloc_slow`](Self::alloc_slow).
-    unsafe fn make_room(&self, c: &ThreadCache) -> Option<Evictions> {
+    /// As for [`refill_and_pop`](Self::refill_and_pop).
+    #[inline]
+    unsafe fn make_room(&self, c: Owner<'_>) -> Option<Evictions> {
         // SAFETY: forwarded; released before this returns, and nothing below runs user
         // code.
         let o = unsafe { c.owned() };
@@ -383,7 +364,7 @@ impl Engine {
     }
 
     /// Depot-only allocation: one object from a full (one-object) magazine.
-    fn take_one(&self, c: &ThreadCache) -> Option<NonNull<u8>> {
+    fn take_one(&self, c: Owner<'_>) -> Option<NonNull<u8>> {
         let mag = self.depot.take_full()?;
         c.counters.refills.bump(1);
         // SAFETY: popped, so owned here; a magazine on the full stack is non-empty.
@@ -398,7 +379,7 @@ impl Engine {
     }
 
     /// Depot-only free: one object into an empty magazine pushed as full.
-    fn give_one(&self, c: &ThreadCache, p: NonNull<u8>) -> Option<Evictions> {
+    fn give_one(&self, c: Owner<'_>, p: NonNull<u8>) -> Option<Evictions> {
         let mag = self.depot.take_empty()?;
         // SAFETY: owned here; an empty magazine with storage has room for one.
         unsafe {
@@ -415,8 +396,8 @@ impl Engine {
     /// Hands both of `c`'s magazines to the depot (which keeps them within its budget).
     ///
     /// # Safety
-    /// As for [`alloc_slow`](Self::alloc_slow) (the cache may be pinned).
-    pub(crate) unsafe fn flush(&self, c: &ThreadCache) -> Evictions {
+    /// As for [`refill_and_pop`](Self::refill_and_pop) (the cache may be pinned).
+    pub(crate) unsafe fn flush(&self, c: Owner<'_>) -> Evictions {
         // SAFETY: forwarded; nothing below runs user code.
         let o = unsafe { c.owned() };
         let loaded = o.unload();
@@ -433,11 +414,11 @@ impl Engine {
     /// The owner hands what its cache grew back: the stash's magazines to the depot, the
     /// kept empties to the empty stack, the grant to the process-wide budget. False when
     /// there was nothing to give.
-    pub(super) fn give_back_stash(&self, c: &ThreadCache, evictions: &mut Evictions) -> bool {
+    pub(super) fn give_back_stash(&self, c: Owner<'_>, evictions: &mut Evictions) -> bool {
         // SAFETY: the owner's own cache.
-        let stash = unsafe { ThreadCache::stash_take(c) };
+        let stash = unsafe { ThreadCache::stash_take(&*c) };
         // SAFETY: as above.
-        let grant = unsafe { ThreadCache::take_grant(c) };
+        let grant = unsafe { ThreadCache::take_grant(&*c) };
         self.for_each_in_stash(stash, |mag| evictions.push(self.put(c, mag)));
         // SAFETY: kept empties are descriptors of this engine's table.
         while let Some(m) = c.take_empty(|i| unsafe { self.depot.magazine(i) }) {
@@ -458,7 +439,7 @@ impl Engine {
     }
 
     /// Hands an empty magazine (owned by `c`) to the depot's empty stack.
-    fn put_empty(&self, c: &ThreadCache, mag: &Magazine) {
+    fn put_empty(&self, c: Owner<'_>, mag: &Magazine) {
         let evicted = self.put(c, mag);
         debug_assert!(evicted.is_none(), "an empty magazine is never evicted");
     }
@@ -467,7 +448,7 @@ impl Engine {
     /// does not take comes back to be released. Once the allocator is gone every object
     /// comes back; an empty magazine still goes to the empty stack (the depot lives until
     /// the engine drops, and frees it then), so an empty magazine is never evicted.
-    pub(super) fn put(&self, c: &ThreadCache, mag: &Magazine) -> Option<Eviction> {
+    pub(super) fn put(&self, c: Owner<'_>, mag: &Magazine) -> Option<Eviction> {
         // SAFETY: owned by the cache (the count is read before the hand-over).
         if !self.is_alive() && unsafe { mag.len() } > 0 {
             // SAFETY: owned by the cache, now handed over.
@@ -506,8 +487,8 @@ impl Engine {
     /// cache, or `None` without one): from the cache's own permits, else a batch drawn
     /// from the shared count, else, once, every permit other threads hold (so a refusal
     /// means that `max_live` objects really are live). False: refused.
-    pub(crate) fn take_credit(&self, c: Option<&ThreadCache>) -> bool {
-        if c.is_some_and(ThreadCache::take_credit) {
+    pub(crate) fn take_credit(&self, c: Option<Owner<'_>>) -> bool {
+        if c.is_some_and(Owner::take_credit) {
             return true;
         }
         for attempt in 0..2 {
@@ -539,7 +520,7 @@ impl Engine {
 
     /// Gives back the permit of an object being freed (to `c`, this thread's cache, or
     /// to the shared count); a cache holding more than two batches returns one.
-    pub(crate) fn return_credit(&self, c: Option<&ThreadCache>) {
+    pub(crate) fn return_credit(&self, c: Option<Owner<'_>>) {
         let batch = self.credit_batch;
         match c {
             Some(c) => {

@@ -128,9 +128,9 @@ impl MagazineTable {
     /// The descriptor with `index`.
     ///
     /// # Safety
-    /// `index` was returned by [`create`](Self::create) on this table (in any thread;
-    /// indices travel between threads only through release/acquire depot operations or
-    /// in descriptors already reached that way).
+    /// `index` was returned by [`create_descriptor`](Self::create_descriptor) on this
+    /// table (in any thread; indices travel between threads only through release/acquire
+    /// depot operations or in descriptors already reached that way).
     pub unsafe fn get(&self, index: u32) -> &Magazine {
         let (seg, off, _) = locate(index);
         // Acquire pairs with the Release CAS that installed the segment, so its
@@ -143,8 +143,19 @@ impl MagazineTable {
     }
 
     /// A new empty magazine with storage, owned by the caller; `None` when memory for
-    /// the descriptor or its slots cannot be had.
+    /// the descriptor or its slots cannot be had. For tests and models: a descriptor
+    /// whose slots cannot be had is lost here, so the depot uses
+    /// [`create_descriptor`](Self::create_descriptor) and keeps it.
+    #[cfg(any(test, proxalloc_loom))]
     pub fn create(&self) -> Option<&Magazine> {
+        let mag = self.create_descriptor()?;
+        // SAFETY: the index was claimed by this call alone, so nobody else has seen it.
+        unsafe { self.ensure_slots(mag) }.then_some(mag)
+    }
+
+    /// A new descriptor without slot storage, owned by the caller; `None` when every
+    /// index is taken or memory for its segment cannot be had.
+    pub fn create_descriptor(&self) -> Option<&Magazine> {
         let index = self
             .claimed
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
@@ -154,12 +165,21 @@ impl MagazineTable {
         let (seg, off, seg_len) = locate(index);
         let mut base = self.segments[seg].load(Ordering::Acquire);
         if base.is_null() {
-            base = self.install_segment(seg, seg_len)?;
+            let Some(installed) = self.install_segment(seg, seg_len) else {
+                // Give the index back unless another claim followed it (that one then
+                // installs the segment, and this descriptor stays unused).
+                let _ = self.claimed.compare_exchange(
+                    index + 1,
+                    index,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+                return None;
+            };
+            base = installed;
         }
         // SAFETY: `base` is a live segment of `seg_len > off` descriptors.
-        let mag = unsafe { &*base.add(off) };
-        // SAFETY: the index was claimed by this call alone, so nobody else has seen it.
-        unsafe { self.ensure_slots(mag) }.then_some(mag)
+        Some(unsafe { &*base.add(off) })
     }
 
     /// Allocates and installs segment `seg`, or adopts the one another thread installed.

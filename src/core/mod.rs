@@ -16,6 +16,7 @@
 pub(crate) mod admin;
 pub(crate) mod backing;
 pub(crate) mod budget;
+pub(crate) mod cache;
 pub(crate) mod depot;
 pub(crate) mod engine;
 pub(crate) mod ids;

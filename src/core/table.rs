@@ -7,8 +7,8 @@ use std::ptr;
 
 use super::engine::{Engine, Evictions};
 use super::ids::EMPTY;
-use super::thread_cache::ThreadCache;
-use crate::sync::{self, Arc, Ordering};
+use super::thread_cache::{self, Owner, OwnerKey, ThreadCache};
+use crate::sync::{self, Arc};
 
 /// Allocators whose index is below this keep this thread's cache inline in the
 /// thread-local block (`INLINE_CACHES * size_of::<ThreadCache>()` bytes per thread), so the
@@ -43,26 +43,6 @@ pub(crate) mod loom_hooks {
         /// synchronisation for loom to explore.
         pub(crate) static GC_PERIOD: Cell<u32> = const { Cell::new(super::GC_PERIOD) };
     }
-}
-
-/// Bumped whenever another thread posts flush requests (`trim_all`) or an allocator
-/// shuts down: each thread compares it with the value it last saw on its slow paths,
-/// and sweeps its caches when it moved. One acquire load (a plain load on x86) per slow
-/// path; the per-cache requests and the engines' `alive` flags are what the sweep acts
-/// on.
-#[cfg(not(proxalloc_loom))]
-static FLUSH_EPOCH: sync::process::AtomicU64 = sync::process::AtomicU64::new(0);
-
-// Under loom, one per model execution (a process-wide value would make thread sweeps
-// depend on earlier executions, which loom rejects as non-determinism), and modelled.
-#[cfg(proxalloc_loom)]
-loom::lazy_static! {
-    static ref FLUSH_EPOCH: sync::AtomicU64 = sync::AtomicU64::new(0);
-}
-
-/// Tells every thread to sweep its caches at its next slow path.
-pub(crate) fn announce_flush_requests() {
-    FLUSH_EPOCH.fetch_add(1, Ordering::Release);
 }
 
 /// Work left over from a table operation, done once the table and every cache are
@@ -112,7 +92,7 @@ struct Table {
     torn_down: Cell<bool>,
     /// Slow-path entries on this thread since the idle collector last ran.
     gc_clock: Cell<u32>,
-    /// [`FLUSH_EPOCH`] when this thread last swept its caches.
+    /// The flush epoch ([`thread_cache::flush_epoch`]) when this thread last swept its caches.
     seen_epoch: Cell<u64>,
 }
 
@@ -143,19 +123,26 @@ impl Rest {
     /// hands its magazines over, and the entry becomes unused. No user code runs.
     ///
     /// # Safety
-    /// Called by the owning thread, with no reference into the cache's owner part live.
-    unsafe fn retire(&mut self, fast: *mut ThreadCache, index: usize, garbage: &mut Garbage) {
+    /// Called by the owning thread (whose table gave `key`), with no reference into the
+    /// cache's owner part live.
+    unsafe fn retire(
+        &mut self,
+        key: &OwnerKey,
+        fast: *mut ThreadCache,
+        index: usize,
+        garbage: &mut Garbage,
+    ) {
         let Some(engine) = self.owners.get_mut(index).and_then(Option::take) else {
             return;
         };
-        let c = self.cache(fast, index);
         // SAFETY: a registered cache of this thread, per the caller's contract.
-        unsafe {
-            debug_assert!(!(*c).pinned(), "retiring a pinned cache");
-            let evictions = engine.retire_cache(&*c);
-            (*c).owned().instance = EMPTY;
-            garbage.push(engine, evictions);
-        }
+        let c = unsafe { Owner::new(key, self.cache(fast, index)) };
+        debug_assert!(!c.pinned(), "retiring a pinned cache");
+        // SAFETY: this thread's cache, which it will not use again for `engine`.
+        let evictions = unsafe { engine.retire_cache(c) };
+        // SAFETY: no other borrow of the owner part is live.
+        unsafe { c.owned().instance = EMPTY };
+        garbage.push(engine, evictions);
     }
 }
 
@@ -182,6 +169,14 @@ impl Table {
 
     fn fast(&self) -> *mut ThreadCache {
         self.fast.get().cast::<ThreadCache>()
+    }
+
+    /// The key to this table's caches (see [`OwnerKey`]).
+    #[inline(always)]
+    fn key(&self) -> OwnerKey {
+        // SAFETY: called on the thread that owns this table (the only way to reach it is
+        // through the thread-local).
+        unsafe { OwnerKey::new(self as *const Table as usize) }
     }
 
     /// Runs `f` on `rest` (if the thread has one).
@@ -230,6 +225,7 @@ impl Table {
             self.rest.set(Box::into_raw(Box::default()));
         }
         let fast = self.fast();
+        let key = self.key();
         // SAFETY: per the contract; nothing in here runs user code.
         unsafe {
             self.with_rest(|rest| {
@@ -237,7 +233,7 @@ impl Table {
                 if rest.owners.len() <= index {
                     rest.owners.resize_with(index + 1, || None);
                 }
-                rest.retire(fast, index, garbage);
+                rest.retire(&key, fast, index, garbage);
                 rest.owners[index] = Some(engine.clone());
                 let c = if index < INLINE_CACHES {
                     fast.add(index)
@@ -253,7 +249,7 @@ impl Table {
                 };
                 // The old cache is retired: no magazines, and no other thread can reach
                 // it (it left its engine's cache list).
-                (*c).reset(engine.instance());
+                (*c).reset(engine.instance(), &key);
                 engine.adopt(c);
                 c
             })
@@ -269,6 +265,7 @@ impl Table {
     /// Called by the owning thread, with no reference into the table live.
     unsafe fn sweep(&self, idle_pass: bool, garbage: &mut Garbage) {
         let fast = self.fast();
+        let key = self.key();
         // SAFETY: per the contract; engines' retire/flush/put run no user code.
         unsafe {
             self.with_rest(|rest| {
@@ -277,10 +274,10 @@ impl Table {
                         continue;
                     };
                     if !engine.is_alive() {
-                        rest.retire(fast, index, garbage);
+                        rest.retire(&key, fast, index, garbage);
                         continue;
                     }
-                    let c = &*rest.cache(fast, index);
+                    let c = Owner::new(&key, rest.cache(fast, index));
                     if c.take_flush_request() {
                         let evictions = engine.flush(c);
                         garbage.push(engine.clone(), evictions);
@@ -313,7 +310,7 @@ impl Table {
         let mut rest = unsafe { Box::from_raw(rest) };
         for index in 0..rest.owners.len() {
             // SAFETY: per the contract.
-            unsafe { rest.retire(self.fast(), index, &mut garbage) };
+            unsafe { rest.retire(&self.key(), self.fast(), index, &mut garbage) };
         }
         for c in rest.more.drain(..).filter(|c| !c.is_null()) {
             // SAFETY: boxed caches owned by this table, retired above (so no other
@@ -374,7 +371,7 @@ fn arm_exit_hook() -> bool {
 /// What [`lookup`] found.
 pub(crate) enum Lookup {
     /// This thread's cache for the engine.
-    Cache(*const ThreadCache),
+    Cache(Owner<'static>),
     /// This thread has no cache for the engine (yet, or any more after teardown).
     Unregistered,
     /// Thread-local storage is gone (loom only: std's table outlives teardown).
@@ -405,8 +402,11 @@ pub(crate) fn lookup(index: u32, instance: u64) -> Lookup {
 /// `(index, instance)`, or `None` for anything else (a boxed cache, no cache, teardown),
 /// which the slow paths sort out with [`lookup`]. It makes no calls, so the fast paths
 /// around it make none either.
+///
+/// The witness it returns is not kept across code that may run user code (see
+/// [`Owner`]); `'static` stands for "until this thread retires the cache".
 #[inline(always)]
-pub(crate) fn lookup_fast(index: u32, instance: u64) -> Option<*const ThreadCache> {
+pub(crate) fn lookup_fast(index: u32, instance: u64) -> Option<Owner<'static>> {
     let index = index as usize;
     if index >= INLINE_CACHES {
         return None;
@@ -416,8 +416,10 @@ pub(crate) fn lookup_fast(index: u32, instance: u64) -> Option<*const ThreadCach
             // SAFETY: in bounds; entries are always valid caches, and the owner part is
             // never borrowed across a call into the allocator.
             let cache = unsafe { table.fast().add(index) };
-            // SAFETY: as above; this thread owns the table.
-            (unsafe { ThreadCache::instance(cache) } == instance).then_some(cache.cast_const())
+            // SAFETY: as above; this thread owns the table. An inline cache lives as
+            // long as the thread.
+            (unsafe { ThreadCache::instance(cache) } == instance)
+                .then(|| unsafe { Owner::new(&table.key(), cache) })
         })
         .ok()
         .flatten()
@@ -427,9 +429,11 @@ pub(crate) fn lookup_fast(index: u32, instance: u64) -> Option<*const ThreadCach
 fn lookup_more(table: &Table, index: usize, instance: u64) -> Lookup {
     // SAFETY: this thread's table.
     let cache = unsafe { table.cache(index) };
-    // SAFETY: a non-null entry is a boxed cache owned by the table.
+    // SAFETY: a non-null entry is a boxed cache owned by the table, live until the
+    // thread's teardown.
     if !cache.is_null() && unsafe { ThreadCache::instance(cache) } == instance {
-        Lookup::Cache(cache)
+        // SAFETY: as above.
+        Lookup::Cache(unsafe { Owner::new(&table.key(), cache) })
     } else {
         Lookup::Unregistered
     }
@@ -467,10 +471,7 @@ fn sweep_when_due(slow_path: bool) {
             idle_pass = n >= gc_period();
             t.gc_clock.set(if idle_pass { 0 } else { n });
         }
-        // Acquire pairs with `announce_flush_requests`' Release: a thread that sees the
-        // new epoch also sees the flush requests and dead engines posted before it (with
-        // Relaxed, a weak-memory CPU could skip them until the next idle pass).
-        let epoch = FLUSH_EPOCH.load(Ordering::Acquire);
+        let epoch = thread_cache::flush_epoch();
         if !idle_pass && epoch == t.seen_epoch.get() {
             return None;
         }
@@ -502,8 +503,8 @@ pub(crate) fn uninstall(engine: &Engine) -> usize {
         unsafe {
             let c = t.cache(index);
             if !c.is_null() && ThreadCache::instance(c) == engine.instance() {
-                let fast = t.fast();
-                t.with_rest(|rest| rest.retire(fast, index, &mut garbage));
+                let (fast, key) = (t.fast(), t.key());
+                t.with_rest(|rest| rest.retire(&key, fast, index, &mut garbage));
             }
         }
     });

@@ -7,10 +7,41 @@
 //! empty (alloc) or full (free), are `#[cold]` functions in [`engine`](super::engine).
 
 use std::cell::{Cell, UnsafeCell};
+use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
 
 use super::magazine::{self, Magazine, NIL};
-use crate::sync::{const_fn, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, StatCounter};
+use crate::sync::{
+    self, const_fn, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, StatCounter,
+};
+
+/// Bumped whenever another thread posts flush requests (`trim_all`) or an allocator
+/// shuts down: each thread compares it with the value it last saw on its slow paths,
+/// and sweeps its caches when it moved. One acquire load (a plain load on x86) per slow
+/// path; the per-cache requests and the engines' `alive` flags are what the sweep acts
+/// on.
+#[cfg(not(proxalloc_loom))]
+static FLUSH_EPOCH: sync::process::AtomicU64 = sync::process::AtomicU64::new(0);
+
+// Under loom, one per model execution (a process-wide value would make thread sweeps
+// depend on earlier executions, which loom rejects as non-determinism), and modelled.
+#[cfg(proxalloc_loom)]
+loom::lazy_static! {
+    static ref FLUSH_EPOCH: sync::AtomicU64 = sync::AtomicU64::new(0);
+}
+
+/// Tells every thread to sweep its caches at its next slow path.
+pub(crate) fn announce_flush_requests() {
+    FLUSH_EPOCH.fetch_add(1, Ordering::Release);
+}
+
+/// The flush epoch, as a thread about to decide whether to sweep reads it.
+pub(crate) fn flush_epoch() -> u64 {
+    // Acquire pairs with `announce_flush_requests`' Release: a thread that sees the new
+    // epoch also sees the flush requests and dead engines posted before it (with
+    // Relaxed, a weak-memory CPU could skip them until the next idle pass).
+    FLUSH_EPOCH.load(Ordering::Acquire)
+}
 
 /// Counters of one cache (or of all retired caches of an engine).
 #[derive(Debug, Default)]
@@ -135,9 +166,13 @@ pub(crate) struct ThreadCache {
     /// cache at its next slow path. Nothing is published through the flag itself (the
     /// process-wide flush epoch orders it), so it is `Relaxed`.
     flush_request: AtomicBool,
+    /// The table that registered this cache (its address), which alone may build an
+    /// [`Owner`] for it: checked in debug builds.
+    #[cfg(debug_assertions)]
+    owner_table: Cell<usize>,
 }
 
-/// What a cache holds (see [`ThreadCache::holdings`]).
+/// What a cache holds (see [`Owner::holdings`]).
 #[cfg(all(test, proxalloc_loom))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Holdings {
@@ -213,20 +248,10 @@ impl ThreadCache {
                 empties: Cell::new(ptr::null()),
                 empty_count: Cell::new(0),
                 spills_since_refill: Cell::new(0),
+                #[cfg(debug_assertions)]
+                owner_table: Cell::new(0),
             }
         }
-    }
-
-    /// The owner-only part.
-    ///
-    /// # Safety
-    /// Called on the owner thread, with no other reference from `owned` live; the
-    /// result is not kept across code that may run user code.
-    #[inline(always)]
-    #[allow(clippy::mut_from_ref)] // the UnsafeCell and the contract above make it unique
-    pub(crate) unsafe fn owned(&self) -> &mut OwnerPart {
-        // SAFETY: per the contract, this is the only reference into the cell.
-        unsafe { &mut *self.owned.get() }
     }
 
     /// The instance number, read by the owner's lookups.
@@ -258,11 +283,6 @@ impl ThreadCache {
         unsafe { (*ptr::addr_of!((*this).flush_request)).store(true, Ordering::Relaxed) };
     }
 
-    /// Whether a [`Pin`] holds this cache (owner only).
-    pub(crate) fn pinned(&self) -> bool {
-        self.pins.get() > 0
-    }
-
     /// Makes this retired cache a fresh, empty one of `instance`, in place and only
     /// through the cell and the atomics (never a write of the whole struct): a slow path
     /// further up this thread's stack may still hold a shared reference to it, if user
@@ -270,8 +290,9 @@ impl ThreadCache {
     ///
     /// # Safety
     /// Called on the owner thread, with no reference from `owned` live; the cache holds
-    /// no magazines and is in no engine's cache list.
-    pub(super) unsafe fn reset(&self, instance: u64) {
+    /// no magazines and is in no engine's cache list; `key` is the calling thread's
+    /// table's.
+    pub(super) unsafe fn reset(&self, instance: u64, key: &OwnerKey) {
         // SAFETY: per the contract, the only access to the cell.
         unsafe { *self.owned.get() = OwnerPart::empty(instance) };
         self.counters.reset();
@@ -283,27 +304,9 @@ impl ThreadCache {
         debug_assert_eq!(self.grant.load(Ordering::Relaxed), 0);
         debug_assert!(self.empties.get().is_null());
         self.spills_since_refill.set(0);
-    }
-
-    /// Takes one permit (owner); false when it holds none.
-    pub(crate) fn take_credit(&self) -> bool {
-        self.credits
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok()
-    }
-
-    /// Adds `n` permits (owner); returns how many it then holds.
-    pub(crate) fn add_credits(&self, n: u32) -> u32 {
-        self.credits.fetch_add(n, Ordering::Relaxed) + n
-    }
-
-    /// Takes `n` permits back if it holds at least that many (owner).
-    pub(crate) fn give_back_credits(&self, n: u32) -> bool {
-        self.credits
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |have| {
-                have.checked_sub(n)
-            })
-            .is_ok()
+        #[cfg(debug_assertions)]
+        self.owner_table.set(key.table());
+        let _ = key;
     }
 
     /// Takes every permit (any thread).
@@ -315,21 +318,6 @@ impl ThreadCache {
         unsafe { (*ptr::addr_of!((*this).credits)).swap(0, Ordering::Relaxed) }
     }
 
-    /// Magazines in the stash now.
-    pub(crate) fn stash_len(&self) -> u32 {
-        stash_parts(self.stash.load(Ordering::Relaxed)).0
-    }
-
-    /// Bytes of the process-wide budget this cache holds.
-    pub(crate) fn grant(&self) -> usize {
-        self.grant.load(Ordering::Relaxed)
-    }
-
-    /// Adds `bytes` (already reserved from the process-wide budget) to the grant (owner).
-    pub(crate) fn add_grant(&self, bytes: usize) {
-        self.grant.fetch_add(bytes, Ordering::Relaxed);
-    }
-
     /// Takes the whole grant, to give it back to the process-wide budget (any thread).
     ///
     /// # Safety
@@ -339,8 +327,159 @@ impl ThreadCache {
         unsafe { (*ptr::addr_of!((*this).grant)).swap(0, Ordering::Relaxed) }
     }
 
-    /// Pushes `mag` (full, owned by this cache) onto the stash (owner only).
-    pub(crate) fn stash_push(&self, mag: &Magazine) {
+    /// Takes the whole stash (any thread): returns the top index of the chain, now owned
+    /// by the caller ([`NIL`] when empty).
+    ///
+    /// # Safety
+    /// As for [`counters`](Self::counters).
+    pub(crate) unsafe fn stash_take(this: *const ThreadCache) -> u32 {
+        // SAFETY: per the contract; only the atomic field is borrowed. Acquire pairs
+        // with the owner's Release pushes, so the chain's rounds and links are visible.
+        let old =
+            unsafe { (*ptr::addr_of!((*this).stash)).swap(stash_head(0, NIL), Ordering::AcqRel) };
+        stash_parts(old).1
+    }
+}
+
+/// A thread's table, as the caches it owns know it: only the table makes one (its
+/// constructor is `unsafe`, and `table.rs` is its one caller), and an [`Owner`] witness
+/// is built from it.
+pub(crate) struct OwnerKey {
+    /// The table's address: a cache records it when registered, and in debug builds the
+    /// witness checks it.
+    #[cfg(debug_assertions)]
+    table: usize,
+}
+
+impl OwnerKey {
+    /// The key of the table at `table`.
+    ///
+    /// # Safety
+    /// Called on the thread that owns that table.
+    #[inline(always)]
+    pub(super) unsafe fn new(table: usize) -> Self {
+        let _ = table;
+        OwnerKey {
+            #[cfg(debug_assertions)]
+            table,
+        }
+    }
+
+    #[cfg(debug_assertions)]
+    fn table(&self) -> usize {
+        self.table
+    }
+}
+
+/// The witness that the calling thread owns a cache: what the owner-only part of a
+/// [`ThreadCache`] is reached through (its magazines, stash pushes and pops, kept
+/// empties, permits, the fast paths). Only the owning thread's table builds one, from
+/// its [`OwnerKey`], and it is neither `Send` nor `Sync`, so it cannot leave that thread.
+///
+/// It is not kept across code that may run user code (a recycled value's constructor
+/// or destructor, a sweep's releases): that code may retire the cache. With debug
+/// assertions on, building one checks that the cache belongs to the calling thread's
+/// table.
+#[derive(Clone, Copy)]
+pub(crate) struct Owner<'c> {
+    cache: &'c ThreadCache,
+    _not_send: PhantomData<*mut ()>,
+}
+
+impl std::ops::Deref for Owner<'_> {
+    type Target = ThreadCache;
+    /// The shared part (counters and atomics), as any thread may reach it.
+    #[inline(always)]
+    fn deref(&self) -> &ThreadCache {
+        self.cache
+    }
+}
+
+impl<'c> Owner<'c> {
+    /// A witness for `cache`.
+    ///
+    /// # Safety
+    /// `cache` is a cache of the table that gave `key`, on that table's thread, live
+    /// for `'c`.
+    #[inline(always)]
+    pub(super) unsafe fn new(key: &OwnerKey, cache: *const ThreadCache) -> Self {
+        // SAFETY: per the contract.
+        let cache = unsafe { &*cache };
+        #[cfg(debug_assertions)]
+        debug_assert_eq!(
+            cache.owner_table.get(),
+            key.table(),
+            "proxalloc: a thread cache entered from a thread that does not own it"
+        );
+        let _ = key;
+        Owner {
+            cache,
+            _not_send: PhantomData,
+        }
+    }
+
+    /// The owner-only part.
+    ///
+    /// # Safety
+    /// No other reference from `owned` is live ([`pop`](Self::pop) and
+    /// [`push`](Self::push) make one while they run), and the result is dropped before
+    /// code that may run user code (which may re-enter the allocator and use this cache).
+    #[inline(always)]
+    pub(crate) unsafe fn owned(self) -> &'c mut OwnerPart {
+        // SAFETY: the witness proves this is the owner thread; per the contract, this is
+        // the only reference into the cell.
+        unsafe { &mut *self.cache.owned.get() }
+    }
+
+    /// The instance number of the engine this cache serves (for debug checks).
+    pub(crate) fn instance_of(self) -> u64 {
+        // SAFETY: the owner, reading through the cell's pointer (no reference).
+        unsafe { ThreadCache::instance(self.cache) }
+    }
+
+    /// Whether a [`Pin`] holds this cache.
+    pub(crate) fn pinned(self) -> bool {
+        self.pins.get() > 0
+    }
+
+    /// Takes one permit; false when it holds none.
+    pub(crate) fn take_credit(self) -> bool {
+        self.credits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Adds `n` permits; returns how many it then holds.
+    pub(crate) fn add_credits(self, n: u32) -> u32 {
+        self.credits.fetch_add(n, Ordering::Relaxed) + n
+    }
+
+    /// Takes `n` permits back if it holds at least that many.
+    pub(crate) fn give_back_credits(self, n: u32) -> bool {
+        self.credits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |have| {
+                have.checked_sub(n)
+            })
+            .is_ok()
+    }
+
+    /// Magazines in the stash now.
+    pub(crate) fn stash_len(self) -> u32 {
+        stash_parts(self.stash.load(Ordering::Relaxed)).0
+    }
+
+    /// Bytes of the process-wide budget this cache holds.
+    pub(crate) fn grant(self) -> usize {
+        self.grant.load(Ordering::Relaxed)
+    }
+
+    /// Adds `bytes` (already reserved from the process-wide budget) to the grant.
+    pub(crate) fn add_grant(self, bytes: usize) {
+        self.grant.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Pushes `mag` (full, owned by this cache) onto the stash.
+    pub(crate) fn stash_push(self, mag: &Magazine) {
         let mut head = self.stash.load(Ordering::Relaxed);
         loop {
             let (len, top) = stash_parts(head);
@@ -359,8 +498,8 @@ impl ThreadCache {
         }
     }
 
-    /// Pops the stash's top magazine (owner only); `get` resolves an index.
-    pub(crate) fn stash_pop<'t>(&self, get: impl Fn(u32) -> &'t Magazine) -> Option<&'t Magazine> {
+    /// Pops the stash's top magazine; `get` resolves an index.
+    pub(crate) fn stash_pop<'t>(self, get: impl Fn(u32) -> &'t Magazine) -> Option<&'t Magazine> {
         let mut head = self.stash.load(Ordering::Acquire);
         loop {
             let (len, top) = stash_parts(head);
@@ -383,21 +522,8 @@ impl ThreadCache {
         }
     }
 
-    /// Takes the whole stash (any thread): returns the top index of the chain, now owned
-    /// by the caller ([`NIL`] when empty).
-    ///
-    /// # Safety
-    /// As for [`counters`](Self::counters).
-    pub(crate) unsafe fn stash_take(this: *const ThreadCache) -> u32 {
-        // SAFETY: per the contract; only the atomic field is borrowed. Acquire pairs
-        // with the owner's Release pushes, so the chain's rounds and links are visible.
-        let old =
-            unsafe { (*ptr::addr_of!((*this).stash)).swap(stash_head(0, NIL), Ordering::AcqRel) };
-        stash_parts(old).1
-    }
-
-    /// Keeps an empty magazine for later (owner only); false when `limit` are kept.
-    pub(crate) fn keep_empty(&self, mag: &Magazine, limit: u32) -> bool {
+    /// Keeps an empty magazine for later; false when `limit` are kept.
+    pub(crate) fn keep_empty(self, mag: &Magazine, limit: u32) -> bool {
         if u32::from(self.empty_count.get()) >= limit || self.empty_count.get() == u16::MAX {
             return false;
         }
@@ -412,8 +538,8 @@ impl ThreadCache {
         true
     }
 
-    /// Takes a kept empty magazine (owner only); `get` resolves an index.
-    pub(crate) fn take_empty<'t>(&self, get: impl Fn(u32) -> &'t Magazine) -> Option<&'t Magazine> {
+    /// Takes a kept empty magazine; `get` resolves an index.
+    pub(crate) fn take_empty<'t>(self, get: impl Fn(u32) -> &'t Magazine) -> Option<&'t Magazine> {
         // SAFETY: kept magazines are descriptors of the engine's table, which outlives
         // the cache's use of them.
         let mag: &'t Magazine = unsafe { self.empties.get().as_ref() }?;
@@ -424,28 +550,28 @@ impl ThreadCache {
         Some(mag)
     }
 
-    /// Counts a spill to the depot (owner only).
-    pub(crate) fn note_spill(&self) {
+    /// Counts a spill to the depot.
+    pub(crate) fn note_spill(self) {
         self.spills_since_refill
             .set(self.spills_since_refill.get().saturating_add(1));
     }
 
-    /// The spills since the last refill, resetting the count (owner only).
-    pub(crate) fn take_spills(&self) -> u16 {
+    /// The spills since the last refill, resetting the count.
+    pub(crate) fn take_spills(self) -> u16 {
         self.spills_since_refill.replace(0)
     }
 
-    /// What this cache holds, for the loom models' checks (owner only, with no reference
-    /// from its owner part live).
+    /// What this cache holds, for the loom models' checks (with no reference from its
+    /// owner part live).
     #[cfg(all(test, proxalloc_loom))]
-    pub(crate) fn holdings(&self) -> Holdings {
+    pub(crate) fn holdings(self) -> Holdings {
         // SAFETY: per the contract; the borrow ends here.
-        let o = unsafe { &*self.owned.get() };
-        // SAFETY: a loaded or previous magazine is a live descriptor owned by this cache.
-        let len = |m: *const Magazine| unsafe { m.as_ref() }.map(|m| unsafe { m.len() });
+        let o = unsafe { self.owned() };
+        // SAFETY: a previous magazine is a live descriptor owned by this cache.
+        let previous = o.previous().map(|m| unsafe { m.len() });
         Holdings {
             loaded: (!o.loaded.is_null()).then_some(o.len),
-            previous: len(o.previous),
+            previous,
             stash: self.stash_len(),
             empties: self.empty_count.get(),
             grant: self.grant(),
@@ -453,19 +579,17 @@ impl ThreadCache {
         }
     }
 
-    /// Takes a pending flush request (owner only).
-    pub(crate) fn take_flush_request(&self) -> bool {
+    /// Takes a pending flush request.
+    pub(crate) fn take_flush_request(self) -> bool {
         self.flush_request.load(Ordering::Relaxed)
             && self.flush_request.swap(false, Ordering::Relaxed)
     }
 
     /// Fast path: pops the loaded magazine.
-    ///
-    /// # Safety
-    /// As for [`owned`](Self::owned).
     #[inline(always)]
-    pub(crate) unsafe fn pop(&self) -> Option<NonNull<u8>> {
-        // SAFETY: forwarded; the borrow ends before this returns.
+    pub(crate) fn pop(self) -> Option<NonNull<u8>> {
+        // SAFETY: the owner, through its witness; the borrow ends before this returns,
+        // and no other is live (`owned`'s contract).
         let o = unsafe { self.owned() };
         if o.len == 0 {
             return None;
@@ -480,12 +604,9 @@ impl ThreadCache {
     }
 
     /// Fast path: pushes onto the loaded magazine; false when it is full.
-    ///
-    /// # Safety
-    /// As for [`owned`](Self::owned).
     #[inline(always)]
-    pub(crate) unsafe fn push(&self, object: NonNull<u8>) -> bool {
-        // SAFETY: forwarded; the borrow ends before this returns.
+    pub(crate) fn push(self, object: NonNull<u8>) -> bool {
+        // SAFETY: as for `pop`.
         let o = unsafe { self.owned() };
         if o.len == o.cap {
             return false;
@@ -581,19 +702,13 @@ impl OwnerPart {
 pub(crate) struct Pin(*const ThreadCache);
 
 impl Pin {
-    /// Pins `cache`, this thread's registered cache.
-    ///
-    /// # Safety
-    /// `cache` is this thread's cache, and no reference from its `owned` is live.
-    pub(crate) unsafe fn new(cache: *const ThreadCache) -> Self {
-        // SAFETY: per the contract.
-        unsafe {
-            let pins = (*cache).pins.get().checked_add(1);
-            (*cache)
-                .pins
-                .set(pins.expect("proxalloc: with_local nested 65535 deep"));
-        }
-        Pin(cache)
+    /// Pins this thread's registered cache.
+    pub(crate) fn new(cache: Owner<'_>) -> Self {
+        let pins = cache.pins.get().checked_add(1);
+        cache
+            .pins
+            .set(pins.expect("proxalloc: with_local nested 65535 deep"));
+        Pin(cache.cache)
     }
 }
 

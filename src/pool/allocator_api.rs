@@ -1,65 +1,79 @@
-//! `&Pool` as an `allocator_api2` allocator, so `allocator_api2`'s (or, with the
-//! `nightly` feature, the standard library's) collections can live in a pool.
+//! `&Pool` as an allocator-api2 allocator, so allocator-api2's collections (and, with
+//! `--cfg proxalloc_nightly` and allocator-api2's `nightly`, the standard library's) can
+//! live in a pool. One implementation serves both supported versions of the trait (0.2,
+//! and 0.4 with the `allocator-api2-04` feature): `impl_allocator!` writes the impl for
+//! a crate path, over the version-free functions below.
 
 use std::alloc::Layout;
 use std::ptr::{self, NonNull};
 
 use super::Pool;
+use crate::error::AllocError;
 
-// SAFETY: the pool hands out distinct, suitably aligned regions that stay valid until the
-// pool is cleared, which needs `&mut Pool` and so cannot happen while a `&Pool` (this
-// allocator) is alive. Deallocation and shrinking only ever give back the most recent
-// allocation's tail; growth in place only extends the most recent allocation.
-unsafe impl allocator_api2::alloc::Allocator for &Pool<'_> {
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, allocator_api2::alloc::AllocError> {
-        let p = self
-            .try_alloc_layout(layout)
-            .map_err(|_| allocator_api2::alloc::AllocError)?;
-        Ok(NonNull::slice_from_raw_parts(p, layout.size()))
-    }
+/// `Allocator::allocate`.
+#[inline]
+fn allocate(pool: &Pool<'_>, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+    let p = pool.try_alloc_layout(layout)?;
+    Ok(NonNull::slice_from_raw_parts(p, layout.size()))
+}
 
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        if layout.size() != 0 {
-            // SAFETY: per the trait's contract `ptr` is a live allocation of `layout`.
-            unsafe { self.shrink_last(ptr, layout.size(), 0) };
-        }
+/// `Allocator::deallocate`.
+///
+/// # Safety
+/// As for the trait: `ptr` is a live allocation of `layout` from `pool`.
+#[inline]
+unsafe fn deallocate(pool: &Pool<'_>, ptr: NonNull<u8>, layout: Layout) {
+    if layout.size() != 0 {
+        // SAFETY: per the contract `ptr` is a live allocation of `layout`.
+        unsafe { pool.shrink_last(ptr, layout.size(), 0) };
     }
+}
 
-    unsafe fn grow(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, allocator_api2::alloc::AllocError> {
-        let p = if old.size() == 0 || ptr.as_ptr().addr() % new.align() != 0 {
-            // SAFETY: per the trait's contract `ptr` is valid for `old.size()` bytes.
-            unsafe { copy_to_new(self, ptr, new, old.size()) }?
-        } else {
-            // SAFETY: per the trait's contract `ptr` is a live allocation of `old`.
-            unsafe { Pool::grow(self, ptr, old.size(), new.size(), new.align()) }
-                .map_err(|_| allocator_api2::alloc::AllocError)?
-        };
-        Ok(NonNull::slice_from_raw_parts(p, new.size()))
-    }
+/// `Allocator::grow`.
+///
+/// # Safety
+/// As for the trait: `ptr` is a live allocation of `old` from `pool`, and
+/// `new.size() >= old.size()`.
+#[inline]
+unsafe fn grow(
+    pool: &Pool<'_>,
+    ptr: NonNull<u8>,
+    old: Layout,
+    new: Layout,
+) -> Result<NonNull<[u8]>, AllocError> {
+    let p = if old.size() == 0 || ptr.as_ptr().addr() % new.align() != 0 {
+        // SAFETY: per the contract `ptr` is valid for `old.size()` bytes.
+        unsafe { copy_to_new(pool, ptr, new, old.size()) }?
+    } else {
+        // SAFETY: per the contract `ptr` is a live allocation of `old`.
+        unsafe { Pool::grow(pool, ptr, old.size(), new.size(), new.align()) }?
+    };
+    Ok(NonNull::slice_from_raw_parts(p, new.size()))
+}
 
-    unsafe fn shrink(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, allocator_api2::alloc::AllocError> {
-        if ptr.as_ptr().addr() % new.align() != 0 {
-            // SAFETY: per the trait's contract `ptr` is valid for `old.size()` bytes, which
-            // is at least `new.size()`.
-            let fresh = unsafe { copy_to_new(self, ptr, new, new.size()) }?;
-            return Ok(NonNull::slice_from_raw_parts(fresh, new.size()));
-        }
-        if old.size() != 0 {
-            // SAFETY: per the trait's contract `ptr` is a live allocation of `old`.
-            unsafe { self.shrink_last(ptr, old.size(), new.size()) };
-        }
-        Ok(NonNull::slice_from_raw_parts(ptr, new.size()))
+/// `Allocator::shrink`.
+///
+/// # Safety
+/// As for the trait: `ptr` is a live allocation of `old` from `pool`, and
+/// `new.size() <= old.size()`.
+#[inline]
+unsafe fn shrink(
+    pool: &Pool<'_>,
+    ptr: NonNull<u8>,
+    old: Layout,
+    new: Layout,
+) -> Result<NonNull<[u8]>, AllocError> {
+    if ptr.as_ptr().addr() % new.align() != 0 {
+        // SAFETY: per the contract `ptr` is valid for `old.size()` bytes, which is at
+        // least `new.size()`.
+        let fresh = unsafe { copy_to_new(pool, ptr, new, new.size()) }?;
+        return Ok(NonNull::slice_from_raw_parts(fresh, new.size()));
     }
+    if old.size() != 0 {
+        // SAFETY: per the contract `ptr` is a live allocation of `old`.
+        unsafe { pool.shrink_last(ptr, old.size(), new.size()) };
+    }
+    Ok(NonNull::slice_from_raw_parts(ptr, new.size()))
 }
 
 /// A new allocation of `layout` holding the first `len` bytes at `ptr`: for a resize that
@@ -72,15 +86,60 @@ unsafe fn copy_to_new(
     ptr: NonNull<u8>,
     layout: Layout,
     len: usize,
-) -> Result<NonNull<u8>, allocator_api2::alloc::AllocError> {
-    let fresh = pool
-        .try_alloc_layout(layout)
-        .map_err(|_| allocator_api2::alloc::AllocError)?;
+) -> Result<NonNull<u8>, AllocError> {
+    let fresh = pool.try_alloc_layout(layout)?;
     // SAFETY: `fresh` is a new allocation of at least `len` bytes, so distinct from the
     // caller's region, which is valid for `len` bytes per the contract.
     unsafe { ptr::copy_nonoverlapping(ptr.as_ptr(), fresh.as_ptr(), len) };
     Ok(fresh)
 }
+
+/// `unsafe impl $api::alloc::Allocator for &Pool<'_>`, forwarding to the functions above.
+macro_rules! impl_allocator {
+    ($api:ident) => {
+        // SAFETY: regions are distinct, aligned and valid until a clear, which needs
+        // `&mut Pool` (impossible while this `&Pool` lives); freeing and shrinking give
+        // back only the last allocation's tail, and growing in place only extends it.
+        unsafe impl $api::alloc::Allocator for &Pool<'_> {
+            #[inline]
+            fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
+                allocate(self, layout).map_err(|_| $api::alloc::AllocError)
+            }
+
+            #[inline]
+            unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+                // SAFETY: the trait's contract is `deallocate`'s.
+                unsafe { deallocate(self, ptr, layout) }
+            }
+
+            #[inline]
+            unsafe fn grow(
+                &self,
+                ptr: NonNull<u8>,
+                old: Layout,
+                new: Layout,
+            ) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
+                // SAFETY: the trait's contract is `grow`'s.
+                unsafe { grow(self, ptr, old, new) }.map_err(|_| $api::alloc::AllocError)
+            }
+
+            #[inline]
+            unsafe fn shrink(
+                &self,
+                ptr: NonNull<u8>,
+                old: Layout,
+                new: Layout,
+            ) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
+                // SAFETY: the trait's contract is `shrink`'s.
+                unsafe { shrink(self, ptr, old, new) }.map_err(|_| $api::alloc::AllocError)
+            }
+        }
+    };
+}
+
+impl_allocator!(allocator_api2);
+#[cfg(feature = "allocator-api2-04")]
+impl_allocator!(allocator_api2_04);
 
 #[cfg(all(test, not(proxalloc_loom)))]
 mod tests {

@@ -7,7 +7,7 @@ use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
-use super::{BlockAllocator, RawBlock, BLOCK_ALIGN};
+use super::{BlockAllocator, BlockSourceStats, RawBlock, BLOCK_ALIGN};
 use crate::core::backing::free_user_block;
 use crate::core::budget::ByteBudget;
 use crate::registry::Registered;
@@ -39,6 +39,11 @@ pub(super) struct Large {
     cached_blocks: StatCounter,
     system_allocs: StatCounter,
     system_frees: StatCounter,
+    /// Bytes of the blocks handed out and not given back (the row counts blocks only,
+    /// as their sizes vary).
+    live_bytes: StatCounter,
+    /// Bytes of the blocks in the buckets.
+    cached_bytes: StatCounter,
 }
 
 /// The layout of a large block that was allocated (so its size is known to fit one).
@@ -63,6 +68,8 @@ impl Large {
             cached_blocks: StatCounter::new(),
             system_allocs: StatCounter::new(),
             system_frees: StatCounter::new(),
+            live_bytes: StatCounter::new(),
+            cached_bytes: StatCounter::new(),
         });
         #[cfg(not(proxalloc_loom))]
         crate::registry::register(&large);
@@ -88,7 +95,7 @@ impl Large {
                 }
                 drop(cache);
                 self.uncache(s);
-                self.allocs.add_shared(1);
+                self.handed_out(s);
                 return Some(RawBlock { ptr, size: s });
             }
         }
@@ -96,7 +103,7 @@ impl Large {
         // any failure, not counted).
         let layout = Layout::from_size_align(size, BLOCK_ALIGN).ok()?;
         let ptr = self.alloc_memory(layout)?;
-        self.allocs.add_shared(1);
+        self.handed_out(size);
         self.system_allocs.add_shared(1);
         Some(RawBlock { ptr, size })
     }
@@ -105,8 +112,10 @@ impl Large {
     /// As for [`BlockSource::free`](super::BlockSource::free).
     pub(super) unsafe fn free(&self, block: RawBlock) {
         self.frees.add_shared(1);
+        self.live_bytes.sub_shared(block.size as u64);
         if self.budget.reserve(block.size) {
             self.cached_blocks.add_shared(1);
+            self.cached_bytes.add_shared(block.size as u64);
             let mut cache = sync::lock(&self.cache);
             cache
                 .buckets
@@ -147,6 +156,27 @@ impl Large {
     fn uncache(&self, size: usize) {
         self.budget.release(size);
         self.cached_blocks.sub_shared(1);
+        self.cached_bytes.sub_shared(size as u64);
+    }
+
+    /// Accounts for a block of `size` bytes handed to a pool.
+    fn handed_out(&self, size: usize) {
+        self.allocs.add_shared(1);
+        self.live_bytes.add_shared(size as u64);
+    }
+
+    /// The source's numbers that its rows do not carry.
+    pub(super) fn source_stats(&self) -> BlockSourceStats {
+        let allocs = self.allocs.get();
+        BlockSourceStats {
+            id: self.id,
+            max_free: self.budget.limit(),
+            cached_bytes: self.budget.used(),
+            large_live_blocks: allocs.saturating_sub(self.frees.get()),
+            large_live_bytes: self.live_bytes.get(),
+            large_cached_blocks: self.cached_blocks.get(),
+            large_cached_bytes: self.cached_bytes.get(),
+        }
     }
 
     pub(super) fn trim(&self) -> usize {
@@ -194,5 +224,9 @@ impl Registered for Large {
 
     fn trim(&self) -> usize {
         Large::trim(self)
+    }
+
+    fn source(&self) -> Option<BlockSourceStats> {
+        Some(self.source_stats())
     }
 }

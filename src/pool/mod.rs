@@ -47,7 +47,9 @@ use std::panic::resume_unwind;
 use std::ptr::{self, NonNull};
 
 pub use crate::core::backing::BlockAllocator;
-pub use block_source::{BlockSource, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE};
+pub use block_source::{
+    BlockSource, BlockSourceStats, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
+};
 use bump::{BlockHeader, SENTINEL};
 use cleanup::CleanupHeader;
 pub use cleanup::CleanupKey;
@@ -90,7 +92,8 @@ struct State {
 /// pool.clear();
 /// assert_eq!(pool.stats().used_bytes, 0);
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PoolStats {
     /// Bytes handed out since the last clear (alignment padding included, and sizes
     /// rounded up to 8 bytes, as APR rounds them).
@@ -124,6 +127,69 @@ pub struct PoolStats {
 ///
 /// A pool is `Send` (it can move to another thread, and its blocks are freed into that
 /// thread's cache) but not `Sync`.
+///
+/// # Pools in async code
+///
+/// A task on a multi-thread runtime owns its pool: a `Pool<'static>` (from
+/// [`Pool::new`], or [`with_source`](Pool::with_source) on a `'static` source) moves into
+/// `tokio::spawn` like any `Send` value. What the pool hands out (`&mut str`, slices,
+/// values) may be held across an `.await`: those references are `Send`. What holds the
+/// pool itself may not: a `&Pool`, a [`PoolVec`], a [`PoolWriter`], a [`SubPool`] or an
+/// allocator-api2 collection in the pool. The task may resume on another thread, and a
+/// `&Pool` there would let two threads use one pool, which is not `Sync`. So end those
+/// borrows in a block before an `.await` (not with `drop(v)`: the compiler counts a
+/// variable that was borrowed as held until its scope ends), using
+/// [`leak`](allocator_api2::vec::Vec::leak) to keep a vector's elements as a slice, and
+/// clear the pool between requests:
+///
+/// ```
+/// use proxalloc::{pformat, Pool, PoolVec};
+///
+/// async fn serve(requests: u32) -> usize {
+///     let mut pool = Pool::new(); // owned by the task
+///     let mut sent = 0;
+///     for id in 0..requests {
+///         let status = pformat!(pool, "HTTP/1.1 200 OK\r\nx-request: {id}\r\n");
+///         let headers: &mut [&mut str] = {
+///             let mut v = PoolVec::new_in(&pool);
+///             v.push(pool.alloc_str("server: proxalloc"));
+///             v.leak() // the vector (and its `&Pool`) ends here; the slice lives on
+///         };
+///         tokio::task::yield_now().await; // e.g. writing to the socket
+///         sent += status.len() + headers.iter().map(|h| h.len()).sum::<usize>();
+///         pool.clear(); // the next request reuses the memory
+///     }
+///     sent
+/// }
+///
+/// let rt = tokio::runtime::Builder::new_multi_thread().build().unwrap();
+/// let sent = rt.block_on(async { tokio::spawn(serve(3)).await.unwrap() });
+/// assert!(sent > 0);
+/// ```
+///
+/// Holding the vector itself across the `.await` does not compile: the error says the
+/// future is not `Send` because "within `Pool<'_>`, the trait `Sync` is not implemented
+/// for `UnsafeCell<proxalloc::pool::State>`", and points at the vector held across the
+/// `.await`:
+///
+/// ```compile_fail
+/// use proxalloc::{Pool, PoolVec};
+///
+/// async fn serve() -> usize {
+///     let pool = Pool::new();
+///     let mut v = PoolVec::new_in(&pool);
+///     v.push(pool.alloc_str("server: proxalloc"));
+///     tokio::task::yield_now().await; // error: `v` (a `&Pool` inside) lives across it
+///     v.len()
+/// }
+///
+/// let rt = tokio::runtime::Builder::new_multi_thread().build().unwrap();
+/// rt.block_on(async { tokio::spawn(serve()).await.unwrap() });
+/// ```
+///
+/// A pool that several tasks share needs a lock around it (and a lock guard held across
+/// an `.await` has the same problem): give each task its own pool instead, on one shared
+/// [`BlockSource`] if their blocks should come from one budget.
 pub struct Pool<'s> {
     source: &'s BlockSource,
     state: UnsafeCell<State>,

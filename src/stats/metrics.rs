@@ -1,28 +1,238 @@
 //! Export to the `metrics` crate's facade (the `metrics` feature).
 
-use super::for_each;
+use metrics::Unit;
 
-/// Records every allocator's stats through the [`metrics`] crate's facade, into whatever
-/// recorder the program installed (a Prometheus exporter, StatsD, ...). Call it
-/// periodically or before each scrape; each call sets the current values.
+use crate::stats::Stats;
+use crate::BlockSourceStats;
+
+/// A metric's kind.
+#[derive(Clone, Copy)]
+enum Kind {
+    Gauge,
+    /// Set to its absolute value at each call.
+    Counter,
+}
+
+/// One exported metric: its name, kind, unit, help text, and where its value comes from.
+struct Metric<R> {
+    name: &'static str,
+    kind: Kind,
+    unit: Unit,
+    help: &'static str,
+    value: fn(&R) -> u64,
+}
+
+/// An allocator's row, with its bytes where the row counts blocks of varying sizes
+/// (a source's `pool-blocks-large`).
+struct Row {
+    stats: Stats,
+    reserved_bytes: u64,
+    cached_bytes: u64,
+}
+
+/// Per allocator name, labelled `allocator`.
+const PER_ALLOCATOR: [Metric<Row>; 13] = [
+    Metric {
+        name: "proxalloc_live_objects",
+        kind: Kind::Gauge,
+        unit: Unit::Count,
+        help: "Objects in users' hands (allocated and not yet freed).",
+        value: |r| r.stats.live,
+    },
+    Metric {
+        name: "proxalloc_thread_cached_objects",
+        kind: Kind::Gauge,
+        unit: Unit::Count,
+        help: "Free objects held in threads' caches.",
+        value: |r| r.stats.cached_in_threads,
+    },
+    Metric {
+        name: "proxalloc_depot_cached_objects",
+        kind: Kind::Gauge,
+        unit: Unit::Count,
+        help: "Free objects held in the shared depot.",
+        value: |r| r.stats.cached_in_depot,
+    },
+    Metric {
+        name: "proxalloc_cached_bytes",
+        kind: Kind::Gauge,
+        unit: Unit::Bytes,
+        help: "Bytes of free objects cached in threads' caches and the depot.",
+        value: |r| r.cached_bytes,
+    },
+    Metric {
+        name: "proxalloc_reserved_bytes",
+        kind: Kind::Gauge,
+        unit: Unit::Bytes,
+        help: "Bytes held from the backing allocator (live and cached objects).",
+        value: |r| r.reserved_bytes,
+    },
+    Metric {
+        name: "proxalloc_threads",
+        kind: Kind::Gauge,
+        unit: Unit::Count,
+        help: "Thread caches registered.",
+        value: |r| r.stats.threads as u64,
+    },
+    Metric {
+        name: "proxalloc_allocs_total",
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        help: "Objects handed out.",
+        value: |r| r.stats.allocs,
+    },
+    Metric {
+        name: "proxalloc_frees_total",
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        help: "Objects given back.",
+        value: |r| r.stats.frees,
+    },
+    Metric {
+        name: "proxalloc_refills_total",
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        help: "Full magazines a thread took from the depot.",
+        value: |r| r.stats.refills,
+    },
+    Metric {
+        name: "proxalloc_spills_total",
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        help: "Full magazines a thread gave to the depot.",
+        value: |r| r.stats.spills,
+    },
+    Metric {
+        name: "proxalloc_overflows_total",
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        help: "Magazines whose objects went back to the backing allocator past the depot budget.",
+        value: |r| r.stats.overflows,
+    },
+    Metric {
+        name: "proxalloc_backing_allocs_total",
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        help: "Objects obtained from the backing allocator.",
+        value: |r| r.stats.backing_allocs,
+    },
+    Metric {
+        name: "proxalloc_backing_frees_total",
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        help: "Objects returned to the backing allocator.",
+        value: |r| r.stats.backing_frees,
+    },
+];
+
+/// Over all pool block sources, without labels.
+const POOL_SOURCES: [Metric<BlockSourceStats>; 5] = [
+    Metric {
+        name: "proxalloc_pool_max_free_bytes",
+        kind: Kind::Gauge,
+        unit: Unit::Bytes,
+        help: "Pool block sources' max_free budgets: free block bytes they may cache.",
+        value: |s| s.max_free as u64,
+    },
+    Metric {
+        name: "proxalloc_pool_cached_bytes",
+        kind: Kind::Gauge,
+        unit: Unit::Bytes,
+        help: "Bytes of free pool blocks cached under max_free (block-class depots and large buckets).",
+        value: |s| s.cached_bytes as u64,
+    },
+    Metric {
+        name: "proxalloc_pool_large_live_bytes",
+        kind: Kind::Gauge,
+        unit: Unit::Bytes,
+        help: "Bytes of large pool blocks (beyond the 64 KiB class) in pools' hands.",
+        value: |s| s.large_live_bytes,
+    },
+    Metric {
+        name: "proxalloc_pool_large_cached_bytes",
+        kind: Kind::Gauge,
+        unit: Unit::Bytes,
+        help: "Bytes of large pool blocks cached for reuse.",
+        value: |s| s.large_cached_bytes,
+    },
+    Metric {
+        name: "proxalloc_pool_sources",
+        kind: Kind::Gauge,
+        unit: Unit::Count,
+        help: "Pool block sources alive.",
+        value: |_| 1,
+    },
+];
+
+/// Describes every metric (name, unit, help text) to the installed recorder: what a
+/// Prometheus exporter prints as `# HELP` (and uses as the unit) for each.
+fn describe() {
+    let names = PER_ALLOCATOR
+        .iter()
+        .map(|m| (m.name, m.kind, m.unit, m.help))
+        .chain(
+            POOL_SOURCES
+                .iter()
+                .map(|m| (m.name, m.kind, m.unit, m.help)),
+        );
+    for (name, kind, unit, help) in names {
+        match kind {
+            Kind::Gauge => metrics::describe_gauge!(name, unit, help),
+            Kind::Counter => metrics::describe_counter!(name, unit, help),
+        }
+    }
+}
+
+/// Sets `metric` to `v`, with `labels`.
+fn set<R>(metric: &Metric<R>, v: u64, labels: &[(&'static str, &'static str)]) {
+    let labels: Vec<metrics::Label> = labels
+        .iter()
+        .map(|&(k, v)| metrics::Label::from_static_parts(k, v))
+        .collect();
+    match metric.kind {
+        Kind::Gauge => metrics::gauge!(metric.name, labels).set(v as f64),
+        Kind::Counter => metrics::counter!(metric.name, labels).absolute(v),
+    }
+}
+
+/// Records every allocator's stats and the pool block sources' numbers through the
+/// [`metrics`] crate's facade, into whatever recorder the program installed (a
+/// Prometheus exporter, StatsD, ...). Call it periodically or before each scrape; each
+/// call sets the current values, and describes every metric (its unit and help text,
+/// which a Prometheus exporter prints as `# HELP`), so the descriptions reach a recorder
+/// installed after the first call too.
 ///
 /// Rows with the same name are added up (several pool block sources share their
 /// rows' names), and every metric has the label `allocator` = the name:
 ///
-/// | metric | kind | value |
-/// | --- | --- | --- |
-/// | `proxalloc_live_objects` | gauge | objects in users' hands |
-/// | `proxalloc_thread_cached_objects` | gauge | free objects in thread caches |
-/// | `proxalloc_depot_cached_objects` | gauge | free objects in the depot |
-/// | `proxalloc_reserved_bytes` | gauge | bytes held from the backing allocator |
-/// | `proxalloc_threads` | gauge | thread caches registered |
-/// | `proxalloc_allocs_total` | counter | objects handed out |
-/// | `proxalloc_frees_total` | counter | objects given back |
-/// | `proxalloc_refills_total` | counter | magazines taken from the depot |
-/// | `proxalloc_spills_total` | counter | magazines given to the depot |
-/// | `proxalloc_overflows_total` | counter | magazines freed past the depot budget |
-/// | `proxalloc_backing_allocs_total` | counter | objects from the backing allocator |
-/// | `proxalloc_backing_frees_total` | counter | objects returned to it |
+/// | metric | kind | unit | value |
+/// | --- | --- | --- | --- |
+/// | `proxalloc_live_objects` | gauge | count | objects in users' hands |
+/// | `proxalloc_thread_cached_objects` | gauge | count | free objects in thread caches |
+/// | `proxalloc_depot_cached_objects` | gauge | count | free objects in the depot |
+/// | `proxalloc_cached_bytes` | gauge | bytes | free objects cached (threads and depot) |
+/// | `proxalloc_reserved_bytes` | gauge | bytes | held from the backing allocator |
+/// | `proxalloc_threads` | gauge | count | thread caches registered |
+/// | `proxalloc_allocs_total` | counter | count | objects handed out |
+/// | `proxalloc_frees_total` | counter | count | objects given back |
+/// | `proxalloc_refills_total` | counter | count | magazines taken from the depot |
+/// | `proxalloc_spills_total` | counter | count | magazines given to the depot |
+/// | `proxalloc_overflows_total` | counter | count | magazines freed past the depot budget |
+/// | `proxalloc_backing_allocs_total` | counter | count | objects from the backing allocator |
+/// | `proxalloc_backing_frees_total` | counter | count | objects returned to it |
+///
+/// Pools appear through their block sources. Each block class is a row
+/// (`pool-blocks-8K` … `pool-blocks-64K`: `live` is blocks that pools hold, the bytes
+/// gauges their bytes); `pool-blocks-large` is the large blocks, whose bytes gauges
+/// count their actual sizes. Over all sources, without labels:
+///
+/// | metric | kind | unit | value |
+/// | --- | --- | --- | --- |
+/// | `proxalloc_pool_max_free_bytes` | gauge | bytes | the sources' `max_free` budgets |
+/// | `proxalloc_pool_cached_bytes` | gauge | bytes | free blocks cached under them |
+/// | `proxalloc_pool_large_live_bytes` | gauge | bytes | large blocks in pools' hands |
+/// | `proxalloc_pool_large_cached_bytes` | gauge | bytes | large blocks cached |
+/// | `proxalloc_pool_sources` | gauge | count | block sources alive |
 ///
 /// Counters are set to their absolute values; one goes down only when an allocator
 /// of that name is dropped (exporters read that as a counter reset).
@@ -35,74 +245,59 @@ use super::for_each;
 /// stats::record_metrics();
 /// # drop(r);
 /// ```
-#[cfg(feature = "metrics")]
 pub fn record_metrics() {
+    describe();
     /// One name's rows added up.
-    #[derive(Default)]
     struct Sum {
         name: &'static str,
-        gauges: [u64; 5],
-        counters: [u64; 7],
+        values: [u64; PER_ALLOCATOR.len()],
     }
-    const GAUGES: [&str; 5] = [
-        "proxalloc_live_objects",
-        "proxalloc_thread_cached_objects",
-        "proxalloc_depot_cached_objects",
-        "proxalloc_reserved_bytes",
-        "proxalloc_threads",
-    ];
-    const COUNTERS: [&str; 7] = [
-        "proxalloc_allocs_total",
-        "proxalloc_frees_total",
-        "proxalloc_refills_total",
-        "proxalloc_spills_total",
-        "proxalloc_overflows_total",
-        "proxalloc_backing_allocs_total",
-        "proxalloc_backing_frees_total",
-    ];
     let mut sums: Vec<Sum> = Vec::new();
-    for_each(|s| {
-        let i = match sums.iter().position(|t| t.name == s.name) {
+    let mut sources = [0u64; POOL_SOURCES.len()];
+    // No lock is held while each entry reads itself, as in `stats::for_each`.
+    for entry in crate::registry::registered() {
+        let Some(stats) = entry.stats() else {
+            continue;
+        };
+        let source = entry.source();
+        let row = match &source {
+            // A source's large blocks: the row counts blocks; the source has their bytes.
+            Some(s) => Row {
+                stats,
+                reserved_bytes: s.large_live_bytes + s.large_cached_bytes,
+                cached_bytes: s.large_cached_bytes,
+            },
+            None => Row {
+                stats,
+                reserved_bytes: stats.reserved_bytes(),
+                cached_bytes: stats.cached_bytes(),
+            },
+        };
+        if let Some(s) = &source {
+            for (t, m) in sources.iter_mut().zip(&POOL_SOURCES) {
+                *t = t.saturating_add((m.value)(s));
+            }
+        }
+        let i = match sums.iter().position(|t| t.name == stats.name) {
             Some(i) => i,
             None => {
                 sums.push(Sum {
-                    name: s.name,
-                    ..Sum::default()
+                    name: stats.name,
+                    values: [0; PER_ALLOCATOR.len()],
                 });
                 sums.len() - 1
             }
         };
-        let sum = &mut sums[i];
-        let gauges = [
-            s.live,
-            s.cached_in_threads,
-            s.cached_in_depot,
-            s.reserved_bytes(),
-            s.threads as u64,
-        ];
-        let counters = [
-            s.allocs,
-            s.frees,
-            s.refills,
-            s.spills,
-            s.overflows,
-            s.backing_allocs,
-            s.backing_frees,
-        ];
-        for (t, v) in sum.gauges.iter_mut().zip(gauges) {
-            *t = t.saturating_add(v);
+        for (t, m) in sums[i].values.iter_mut().zip(&PER_ALLOCATOR) {
+            *t = t.saturating_add((m.value)(&row));
         }
-        for (t, v) in sum.counters.iter_mut().zip(counters) {
-            *t = t.saturating_add(v);
-        }
-    });
+    }
     for sum in &sums {
-        let name = sum.name;
-        for (metric, v) in GAUGES.into_iter().zip(sum.gauges) {
-            metrics::gauge!(metric, "allocator" => name).set(v as f64);
+        for (m, v) in PER_ALLOCATOR.iter().zip(sum.values) {
+            set(m, v, &[("allocator", sum.name)]);
         }
-        for (metric, v) in COUNTERS.into_iter().zip(sum.counters) {
-            metrics::counter!(metric, "allocator" => name).absolute(v);
-        }
+    }
+    for (m, v) in POOL_SOURCES.iter().zip(sources) {
+        set(m, v, &[]);
     }
 }

@@ -17,6 +17,8 @@
 
 use std::fmt;
 
+use crate::BlockSourceStats;
+
 #[cfg(feature = "metrics")]
 mod metrics;
 mod table;
@@ -204,6 +206,21 @@ pub fn for_each(mut f: impl FnMut(&Stats)) {
             f(&s);
         }
     }
+}
+
+/// The numbers of every pool [`BlockSource`](crate::BlockSource) alive in the process
+/// (the global one once something has used it), in the order they were created:
+/// their `max_free` budgets, what is charged to them, and their large blocks in bytes.
+/// See [`BlockSourceStats`].
+///
+/// ```
+/// let source = proxalloc::BlockSource::new(3 << 20);
+/// let id = source.source_stats().id;
+/// let all = proxalloc::stats::block_sources();
+/// assert_eq!(all.iter().find(|s| s.id == id).unwrap().max_free, 3 << 20);
+/// ```
+pub fn block_sources() -> Vec<BlockSourceStats> {
+    crate::registry::all_sources()
 }
 
 /// A baseline of every allocator's stats, for [`dump_since`] and [`table_since`].

@@ -10,11 +10,9 @@
 //! - [`criterion_groups`]: the same workloads as criterion groups;
 //! - [`rss`]: resident memory, and fresh processes to measure it in.
 //!
-//! Two kinds of program use it: the root crate's `benches/` (which include this file with
-//! `#[path = "../tools/src/lib.rs"] mod harness;`, since a dev-dependency on this crate
-//! would give each bench a second build of proxalloc besides the one under test) and this crate's binaries (callgrind loops and
-//! footprint runs, see `src/bin/`). Paths inside the harness are relative (`super::`)
-//! so that the same source compiles as this library and as a module of a bench.
+//! Two kinds of program use it, both in this crate: the benches (`benches/`, criterion
+//! and interleaved runs: `cargo bench -p proxalloc-tools --bench NAME`) and the binaries
+//! (callgrind loops and footprint runs, see `src/bin/`).
 
 pub mod arenas;
 pub mod contenders;

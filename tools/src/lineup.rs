@@ -279,16 +279,16 @@ pub fn peer_mixes() -> Vec<MixEntry> {
 
 #[cfg(test)]
 mod tests {
-    // `super::` paths: see `runner`'s tests.
+    use super::*;
 
     /// Every name the tables list builds a contender, so none drops out of a run unseen.
     #[test]
     fn every_listed_name_has_its_contender() {
-        for n in super::PEER_SUITE.iter().chain(&super::FAST_PATH) {
-            assert!(super::contender::<super::Obj<64>>(n).is_some(), "{n}");
+        for n in PEER_SUITE.iter().chain(&FAST_PATH) {
+            assert!(contender::<Obj<64>>(n).is_some(), "{n}");
         }
-        let mixes: Vec<_> = super::peer_mixes().iter().map(|m| m.name).collect();
-        let expected: Vec<_> = super::PEER_SUITE
+        let mixes: Vec<_> = peer_mixes().iter().map(|m| m.name).collect();
+        let expected: Vec<_> = PEER_SUITE
             .into_iter()
             .filter(|n| *n != "proxalloc-one-word")
             .collect();

@@ -15,6 +15,8 @@ use std::time::Instant;
 /// ignored: `cargo bench` passes `--bench` to every bench binary.
 pub struct Args {
     pub rounds: usize,
+    /// Where to write the CSV. A relative path is taken from the workspace's root, not
+    /// from the folder cargo runs a bench in (its package's, `tools/`).
     pub csv: Option<PathBuf>,
 }
 
@@ -25,7 +27,7 @@ impl Args {
         let mut csv = None;
         while let Some(a) = args.next() {
             if a == "--csv" {
-                csv = Some(PathBuf::from(args.next().expect("--csv PATH")));
+                csv = Some(workspace_path(args.next().expect("--csv PATH")));
             } else if rounds.is_none() {
                 rounds = a.parse().ok();
             }
@@ -35,6 +37,19 @@ impl Args {
             csv,
         }
     }
+}
+
+/// `path` taken from the workspace's root where it is relative.
+pub fn workspace_path(path: impl Into<PathBuf>) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path.into())
+}
+
+/// The workspace's build folder (`CARGO_TARGET_DIR`, else `target/`), where a run's
+/// files go by default.
+pub fn target_dir() -> PathBuf {
+    workspace_path(std::env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| "target".into()))
 }
 
 /// Runs `f` and returns its wall time in nanoseconds per operation, for `ops` operations.
@@ -303,19 +318,18 @@ pub fn header(columns: &[&str]) -> String {
 
 #[cfg(test)]
 mod tests {
-    // `super::` paths, not a `use`: the benches include this file too, and their test
-    // builds drop the `#[test]` functions, which would leave an import unused.
+    use super::*;
 
     /// A run whose cells return fixed figures: the tables' statistics, ratios and CSV
     /// (the format `target/peers.csv` has always had) without timing anything.
     #[test]
     fn tables_and_csv() {
-        let mut run = super::Runner::new("lower bound");
-        let single = run.table("W1 pair 64 B", "ns/object", super::Stat::Min, "lower-bound");
+        let mut run = Runner::new("lower bound");
+        let single = run.table("W1 pair 64 B", "ns/object", Stat::Min, "lower-bound");
         let multi = run.table(
             "W4 remote free 64 B",
             "ns/object",
-            super::Stat::Median,
+            Stat::Median,
             "lower-bound",
         );
         let mut x = 0.0;
@@ -347,7 +361,7 @@ mod tests {
     #[test]
     fn markdown_header() {
         assert_eq!(
-            super::header(&["contender", "ns/op", "vs x"]),
+            header(&["contender", "ns/op", "vs x"]),
             "| contender | ns/op | vs x |\n| --- | ---: | ---: |\n"
         );
     }

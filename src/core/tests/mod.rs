@@ -103,8 +103,7 @@ fn key(e: &Engine) -> (u32, u64) {
 /// What this thread's cache of the allocator `key` holds (`None`: it has none).
 fn holdings(key: (u32, u64)) -> Option<Holdings> {
     match table::lookup(key.0, key.1) {
-        // SAFETY: this thread's own cache; nothing borrows its owner part here.
-        Lookup::Cache(c) => Some(unsafe { &*c }.holdings()),
+        Lookup::Cache(owner) => Some(owner.holdings()),
         Lookup::Unregistered | Lookup::TornDown => None,
     }
 }

@@ -3,15 +3,12 @@
 //! one sample in turn, round after round. Reports the minimum per-object time and the
 //! ratios to the lower bound and to the best peer.
 //!
-//! `cargo bench --bench interleaved -- [rounds] [--csv PATH]` (default 200 rounds).
+//! `cargo bench -p proxalloc-tools --bench interleaved -- [rounds] [--csv PATH]`
+//! (default 200 rounds).
 
-#[allow(dead_code)]
-#[path = "../tools/src/lib.rs"]
-mod harness;
-
-use harness::lineup::{contenders, Work, FAST_PATH};
-use harness::runner::{Args, Runner, Stat};
-use harness::workloads::Words;
+use proxalloc_tools::lineup::{contenders, Work, FAST_PATH};
+use proxalloc_tools::runner::{Args, Runner, Stat};
+use proxalloc_tools::workloads::Words;
 
 fn main() {
     let args = Args::parse(200);

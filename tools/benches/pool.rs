@@ -10,29 +10,28 @@
 //! W6 and create-use-drop are the harness's (`workloads`, over its `arenas`); the push
 //! loops are this bench's own, since only it measures `PoolVec`.
 //!
-//! `cargo bench --bench pool -- [rounds] [--csv PATH]` (default 100 rounds)
+//! `cargo bench -p proxalloc-tools --bench pool -- [rounds] [--csv PATH]`
+//! (default 100 rounds)
 //!
 //! For instruction counts, `w6-pool N` or `w6-bumpalo N` runs only that W6 loop, N
 //! samples of 10,000 allocations each (after one warm-up sample), and prints nothing:
 //!
 //! ```sh
-//! B=$(cargo bench --bench pool --no-run 2>&1 | grep -o 'target/[^)]*')
+//! B=$(cargo bench -p proxalloc-tools --bench pool --no-run 2>&1 | grep -o 'target/[^)]*')
 //! valgrind --tool=callgrind --callgrind-out-file=/dev/null $B w6-pool 0    # baseline
 //! valgrind --tool=callgrind --callgrind-out-file=/dev/null $B w6-pool 100  # minus it, / 1e6
 //! ```
-
-#[allow(dead_code)]
-#[path = "../tools/src/lib.rs"]
-mod harness;
 
 use std::alloc::System;
 use std::cell::RefCell;
 use std::hint::black_box;
 
-use harness::arenas::{MallocFree, TypedArena};
-use harness::runner::{time_per, Args, Runner, Stat};
-use harness::workloads::{create_use_drop, on_two_threads, w6, W6Sizes, W6_ALLOCS, W6_ROUNDS};
 use proxalloc::{Pool, PoolVec};
+use proxalloc_tools::arenas::{MallocFree, TypedArena};
+use proxalloc_tools::runner::{time_per, Args, Runner, Stat};
+use proxalloc_tools::workloads::{
+    create_use_drop, on_two_threads, w6, W6Sizes, W6_ALLOCS, W6_ROUNDS,
+};
 
 const PUSH_SAMPLE: usize = 2000;
 

@@ -2,22 +2,20 @@
 //! every workload (W1–W4 64 B, W1/W2 256 B, W5 on one and two threads), so machine state
 //! changes hit all alike. Single-thread workloads report the minimum over the rounds,
 //! two-thread ones the median; ratios are within the run. Writes the tables to stdout
-//! and as CSV to `target/peers.csv` (or the `--csv` path).
+//! and as CSV to the workspace's `target/peers.csv` (or the `--csv` path).
 //!
-//! `cargo bench --bench peers_interleaved -- [rounds] [--csv PATH]` (default 30)
+//! `cargo bench -p proxalloc-tools --bench peers_interleaved -- [rounds] [--csv PATH]`
+//! (default 30 rounds)
 
-#[allow(dead_code)]
-#[path = "../tools/src/lib.rs"]
-mod harness;
-
-use harness::lineup::{contenders, peer_mixes, Work, PEER_SUITE};
-use harness::runner::{Args, Runner, Stat};
-use harness::workloads::Obj;
+use proxalloc_tools::lineup::{contenders, peer_mixes, Work, PEER_SUITE};
+use proxalloc_tools::runner::{Args, Runner, Stat};
+use proxalloc_tools::workloads::Obj;
 
 fn main() {
     let mut args = Args::parse(30);
     // The CSV the chart script and earlier runs expect, unless `--csv` says otherwise.
-    args.csv.get_or_insert_with(|| "target/peers.csv".into());
+    args.csv
+        .get_or_insert_with(|| proxalloc_tools::runner::target_dir().join("peers.csv"));
     let c64 = contenders::<Obj<64>>(&PEER_SUITE);
     let c256 = contenders::<Obj<256>>(&PEER_SUITE);
     let mix = peer_mixes();

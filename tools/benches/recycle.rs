@@ -8,15 +8,12 @@
 //!   this bench binary, so every string of every contender comes from mimalloc).
 //!
 //! Interleaved samples (the harness's runner); reports the minimum time per request.
-//! `cargo bench --bench recycle -- [rounds] [--csv PATH]` (default 200 rounds)
-
-#[allow(dead_code)]
-#[path = "../tools/src/lib.rs"]
-mod harness;
+//! `cargo bench -p proxalloc-tools --bench recycle -- [rounds] [--csv PATH]`
+//! (default 200 rounds)
 
 use std::hint::black_box;
 
-use harness::runner::{time_per, Args, Runner, Stat};
+use proxalloc_tools::runner::{time_per, Args, Runner, Stat};
 
 use proxalloc::{ClassAllocator, Recycle, RecyclingAllocator};
 

@@ -1,18 +1,15 @@
 //! Criterion benchmarks of the single-thread fast paths (W1 pair, W2 batch of 1024 live
 //! objects, 64 B), proxalloc's paths against the system allocator, mimalloc and the lower
-//! bound (`lineup::FAST_PATH`). `cargo bench --bench class_alloc`. For ratios measured
-//! interleaved in one run, use `cargo bench --bench interleaved`.
-
-#[allow(dead_code)]
-#[path = "../tools/src/lib.rs"]
-mod harness;
+//! bound (`lineup::FAST_PATH`). `cargo bench -p proxalloc-tools --bench class_alloc`.
+//! For ratios measured interleaved in one run, use
+//! `cargo bench -p proxalloc-tools --bench interleaved`.
 
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use harness::criterion_groups::group;
-use harness::lineup::{contenders, Work, FAST_PATH};
-use harness::workloads::{Words, BATCH};
+use proxalloc_tools::criterion_groups::group;
+use proxalloc_tools::lineup::{contenders, Work, FAST_PATH};
+use proxalloc_tools::workloads::{Words, BATCH};
 
 fn all(c: &mut Criterion) {
     let list = contenders::<Words>(&FAST_PATH);

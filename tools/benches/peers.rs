@@ -1,20 +1,16 @@
 //! The peer comparison under criterion: W1–W4 for 64 B objects (W1/W2 also 256 B) and
 //! the W5 request mix on one and two threads, every contender of the peer suite
 //! (`lineup::PEER_SUITE`, and for W5 `lineup::peer_mixes`).
-//! `cargo bench --bench peers`; `python3 scripts/bench_chart.py` then draws
-//! `docs/benchmarks.svg` from criterion's estimates. For ratios measured interleaved in
-//! one run, use `cargo bench --bench peers_interleaved`.
-
-#[allow(dead_code)]
-#[path = "../tools/src/lib.rs"]
-mod harness;
+//! `cargo bench -p proxalloc-tools --bench peers`; `python3 scripts/bench_chart.py` then
+//! draws `docs/benchmarks.svg` from criterion's estimates. For ratios measured
+//! interleaved in one run, use `cargo bench -p proxalloc-tools --bench peers_interleaved`.
 
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use harness::criterion_groups::{group, mix_group};
-use harness::lineup::{contenders, peer_mixes, Work, PEER_SUITE};
-use harness::workloads::{Obj, BATCH};
+use proxalloc_tools::criterion_groups::{group, mix_group};
+use proxalloc_tools::lineup::{contenders, peer_mixes, Work, PEER_SUITE};
+use proxalloc_tools::workloads::{Obj, BATCH};
 
 fn all(c: &mut Criterion) {
     let c64 = contenders::<Obj<64>>(&PEER_SUITE);

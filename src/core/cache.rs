@@ -1,0 +1,363 @@
+//! The cache seam: how a front end reaches the cache nearest to the running code for
+//! one allocator. Today that is this thread's cache (found through the thread-local
+//! [`table`]); whatever kind of cache serves an allocator, the class layer
+//! calls these functions and nothing below them.
+//!
+//! - [`Hints`]: the fast paths (inlined into every allocation and free): find the cache
+//!   from copies of the engine's numbers, pop or push one pointer.
+//! - [`alloc`], [`free`]: everything else, for one object: register a cache, the
+//!   engine's exchange rules, the sweep that ends a slow path, capped allocators'
+//!   permits, the backing allocator when there is no cache.
+//! - [`Pinned`]: the cache in hand for a `with_local` call.
+//! - [`release_thread_cache`], [`trim`], [`shutdown`] and the registry's view of an
+//!   engine ([`Registered`]): what reaches this thread's cache besides objects.
+//!
+//! The witness that the calling thread owns a cache ([`Owner`]) is built by the table
+//! and used here and in the engine; it never leaves `core`.
+
+use std::ptr::NonNull;
+
+use super::engine::Engine;
+use super::table::{self, Lookup};
+use super::thread_cache::{Owner, Pin};
+use crate::registry::Registered;
+use crate::stats::Stats;
+use crate::sync::{self, const_fn, Arc};
+
+/// Copies of an engine's table index and instance number, kept by its front end so that
+/// the fast paths find this thread's cache without touching the engine. Only hints (std
+/// atomics even under loom: nothing is published through them): until they are set
+/// they match no cache, and a mismatch takes the slow path, which uses the engine's own
+/// numbers.
+#[derive(Debug)]
+pub(crate) struct Hints {
+    index: sync::process::AtomicU32,
+    instance: sync::process::AtomicU64,
+}
+
+impl Hints {
+    const_fn! {
+        /// Hints that match no cache: an index past the inline caches, and an instance
+        /// number no engine has (not even an unused entry's).
+        pub(crate) fn unset() -> Self {
+            Hints {
+                index: sync::process::AtomicU32::new(u32::MAX),
+                instance: sync::process::AtomicU64::new(u64::MAX),
+            }
+        }
+    }
+
+    /// Points the hints at `engine`'s caches. A capped allocator leaves the instance
+    /// unset, so its fast paths never match and every operation counts its permit on
+    /// the slow path.
+    pub(crate) fn set(&self, engine: &Engine, capped: bool) {
+        use crate::sync::Ordering;
+        self.index.store(engine.index(), Ordering::Relaxed);
+        if !capped {
+            self.instance.store(engine.instance(), Ordering::Relaxed);
+        }
+    }
+
+    /// This thread's inline cache, if it has one (see [`table::lookup_fast`]).
+    #[inline(always)]
+    fn owner(&self) -> Option<Owner<'static>> {
+        // Not `load(Relaxed)`: see `sync::relaxed` (an atomic here would make every
+        // caller's value be built on the stack and copied).
+        table::lookup_fast(
+            sync::relaxed::load_u32(&self.index),
+            sync::relaxed::load_u64(&self.instance),
+        )
+    }
+
+    /// The fast path of an allocation: an object from this thread's loaded magazine, or
+    /// `None` (with nothing changed) when [`alloc`] must run. It makes no calls, so a
+    /// caller's value can be built straight into the object.
+    #[inline(always)]
+    pub(crate) fn alloc(&self) -> Option<NonNull<u8>> {
+        self.owner()?.pop()
+    }
+
+    /// The fast path of a free: `p` into this thread's loaded magazine; false (with
+    /// nothing changed) when [`free`] must run.
+    ///
+    /// # Safety
+    /// `p` is an object of the hints' engine that nobody uses any more.
+    #[inline(always)]
+    pub(crate) unsafe fn free(&self, p: NonNull<u8>) -> bool {
+        match self.owner() {
+            Some(c) => c.push(p),
+            None => false,
+        }
+    }
+}
+
+/// This thread's cache for `e`, registering one if it has none (`None` without
+/// thread-local storage). Registration may run user code (see [`table::install`]), so
+/// the witness comes from a lookup after it.
+#[inline]
+fn cache_or_register(e: &Arc<Engine>) -> Option<Owner<'static>> {
+    match table::lookup(e.index(), e.instance()) {
+        Lookup::Cache(c) => Some(c),
+        Lookup::TornDown => None,
+        Lookup::Unregistered => register(e),
+    }
+}
+
+/// Registers this thread's cache for `e` and looks it up (see [`cache_or_register`]).
+#[cold]
+fn register(e: &Arc<Engine>) -> Option<Owner<'static>> {
+    table::install(e);
+    match table::lookup(e.index(), e.instance()) {
+        Lookup::Cache(c) => Some(c),
+        _ => None,
+    }
+}
+
+/// An object from `c` (this thread's cache for `e`): its loaded magazine, else the slow
+/// path.
+///
+/// # Safety
+/// `c` is this thread's registered cache for `e`.
+#[inline(always)]
+unsafe fn alloc_from(e: &Engine, c: Owner<'_>) -> Option<NonNull<u8>> {
+    match c.pop() {
+        Some(p) => Some(p),
+        // SAFETY: forwarded.
+        None => unsafe { alloc_slow(e, c) },
+    }
+}
+
+/// The loaded magazine was empty: the engine's exchange rules, then the sweep that ends
+/// every slow path (the idle collector, flush requests; it may run user code, so `c` is
+/// not used after it), then the backing allocator if nothing was cached.
+///
+/// # Safety
+/// As for [`alloc_from`].
+#[cold]
+#[inline(never)]
+unsafe fn alloc_slow(e: &Engine, c: Owner<'_>) -> Option<NonNull<u8>> {
+    // SAFETY: forwarded; no reference into the owner part is live.
+    let got = unsafe { e.refill_and_pop(c) };
+    table::after_slow_path();
+    got.or_else(|| e.alloc_backing())
+}
+
+/// Frees `p` into `c` (this thread's cache for `e`): its loaded magazine, else the slow
+/// path.
+///
+/// # Safety
+/// As for [`alloc_from`]; `p` is an object of `e` that nobody uses any more.
+#[inline(always)]
+unsafe fn free_into(e: &Engine, c: Owner<'_>, p: NonNull<u8>) {
+    if !c.push(p) {
+        // SAFETY: forwarded.
+        unsafe { free_slow(e, c, p) }
+    }
+}
+
+/// The loaded magazine was full: the engine's exchange rules and the sweep, or the
+/// backing allocator if the engine could not take `p`.
+///
+/// # Safety
+/// As for [`free_into`].
+#[cold]
+#[inline(never)]
+unsafe fn free_slow(e: &Engine, c: Owner<'_>, p: NonNull<u8>) {
+    // SAFETY: forwarded.
+    if unsafe { e.make_room_and_push(c, p) } {
+        table::after_slow_path();
+    } else {
+        // SAFETY: forwarded.
+        unsafe { e.free_backing(p) }
+    }
+}
+
+/// An object of `e`, by every path the fast path does not cover: a capped allocator's
+/// permit, a cache to register, a refill, or the backing allocator when there is no
+/// cache. `None` when memory (or a permit) cannot be had. Inlined into the front end's
+/// own out-of-line slow path, so a refill costs one call more than the fast path, not
+/// two.
+#[inline(always)]
+pub(crate) fn alloc(e: &Arc<Engine>) -> Option<NonNull<u8>> {
+    if e.capped() {
+        return alloc_capped(e);
+    }
+    match cache_or_register(e) {
+        // SAFETY: this thread's cache for `e`, just looked up.
+        Some(c) => unsafe { alloc_from(e, c) },
+        None => e.alloc_backing(),
+    }
+}
+
+/// Gives `p` back to `e` by every path the fast path does not cover (see [`alloc`]).
+///
+/// # Safety
+/// `p` is an object of `e` that nobody uses any more.
+#[inline(always)]
+pub(crate) unsafe fn free(e: &Arc<Engine>, p: NonNull<u8>) {
+    if e.capped() {
+        // SAFETY: forwarded.
+        return unsafe { free_capped(e, p) };
+    }
+    match cache_or_register(e) {
+        // SAFETY: this thread's cache for `e`, just looked up; `p` as promised.
+        Some(c) => unsafe { free_into(e, c, p) },
+        // SAFETY: forwarded.
+        None => unsafe { e.free_backing(p) },
+    }
+}
+
+/// A capped allocator's allocation: a permit, then the object.
+#[cold]
+fn alloc_capped(e: &Arc<Engine>) -> Option<NonNull<u8>> {
+    let c = cache_or_register(e);
+    if !e.take_credit(c) {
+        return None;
+    }
+    /// Gives the permit back unless the allocation succeeds: if it fails, or unwinds
+    /// (a recycling allocator's `create` panicked). To the shared count: the slow path
+    /// may have run user code that retired this thread's cache.
+    struct PermitGuard<'e>(&'e Engine);
+    impl Drop for PermitGuard<'_> {
+        fn drop(&mut self) {
+            self.0.return_credit(None);
+        }
+    }
+    let guard = PermitGuard(e);
+    let p = match c {
+        // SAFETY: this thread's cache for `e`; `take_credit` ran no user code.
+        Some(c) => unsafe { alloc_from(e, c) },
+        None => e.alloc_backing(),
+    };
+    if p.is_some() {
+        std::mem::forget(guard);
+    }
+    p
+}
+
+/// A capped allocator's free: the permit back first (the value is gone), then the
+/// memory.
+///
+/// # Safety
+/// As for [`free`].
+#[cold]
+unsafe fn free_capped(e: &Arc<Engine>, p: NonNull<u8>) {
+    let c = cache_or_register(e);
+    e.return_credit(c);
+    match c {
+        // SAFETY: this thread's cache for `e`; `return_credit` ran no user code.
+        Some(c) => unsafe { free_into(e, c, p) },
+        // SAFETY: forwarded.
+        None => unsafe { e.free_backing(p) },
+    }
+}
+
+/// This thread's cache for one engine, in hand for a `with_local` call: pinned, so
+/// `release_thread_cache` (from user code in the call) flushes it instead of retiring
+/// it. On drop it honours flush requests posted meanwhile (an event loop that only ever
+/// hits its cache takes no slow path that would).
+pub(crate) struct Pinned {
+    /// `None` without thread-local storage: then objects go straight to and from the
+    /// backing allocator.
+    cache: Option<(Owner<'static>, Pin)>,
+}
+
+impl Pinned {
+    /// Pins this thread's cache for `e` (registering one).
+    pub(crate) fn new(e: &Arc<Engine>) -> Self {
+        Pinned {
+            cache: cache_or_register(e).map(|c| (c, Pin::new(c))),
+        }
+    }
+
+    /// An object of `e` (the engine this was pinned for); see [`alloc`]. Not for capped
+    /// engines.
+    #[inline(always)]
+    pub(crate) fn alloc(&self, e: &Engine) -> Option<NonNull<u8>> {
+        debug_assert!(!e.capped());
+        match self.cache {
+            // SAFETY: this thread's cache for `e`, pinned for the whole call; nothing
+            // borrows its owner part between calls into the allocator.
+            Some((c, _)) => unsafe { alloc_from(e, c) },
+            None => e.alloc_backing(),
+        }
+    }
+
+    /// Gives `p` back to `e` (the engine this was pinned for). Not for capped engines.
+    ///
+    /// # Safety
+    /// As for [`free`].
+    #[inline(always)]
+    pub(crate) unsafe fn free(&self, e: &Engine, p: NonNull<u8>) {
+        debug_assert!(!e.capped());
+        match self.cache {
+            // SAFETY: as in `alloc`; `p` as promised.
+            Some((c, _)) => unsafe { free_into(e, c, p) },
+            // SAFETY: forwarded.
+            None => unsafe { e.free_backing(p) },
+        }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        drop(self.cache.take());
+        table::honour_flush_requests();
+    }
+}
+
+/// Hands this thread's magazines for `e` to the depot and forgets this thread's cache
+/// (only flushes it while a `with_local` call holds it). Returns the number of objects
+/// released to the backing allocator (what the depot did not take).
+pub(crate) fn release_thread_cache(e: &Engine) -> usize {
+    if let Lookup::Cache(c) = table::lookup(e.index(), e.instance()) {
+        if c.pinned() {
+            // SAFETY: this thread's cache for `e`; no reference into it is live here.
+            let evictions = unsafe { e.flush(c) };
+            return e.release(evictions);
+        }
+    }
+    table::uninstall(e)
+}
+
+/// Gives back everything of `e` cached that can be reached now: every thread's stash
+/// (taken at once; each owner is also asked to flush its two magazines at its next slow
+/// path), this thread's cache, and the depot. Returns the number of objects released
+/// (0 for a dead allocator: its caches are their owners' to release).
+pub(crate) fn trim(e: &Engine) -> usize {
+    let Some(mut released) = e.trim_stashes() else {
+        return 0;
+    };
+    // Looked up after the stashes' release, which may have run user code.
+    if let Lookup::Cache(c) = table::lookup(e.index(), e.instance()) {
+        // SAFETY: this thread's cache for `e`; no reference into it is live here (its
+        // flush request, set above, is left for its next sweep: a flush of an empty
+        // cache).
+        let evictions = unsafe { e.flush(c) };
+        released += e.release(evictions);
+    }
+    e.trim_depot(released)
+}
+
+/// The allocator of `e` is being dropped: this thread's cache is retired now; the depot
+/// and other threads' stashes are released, and other threads are asked to retire
+/// their caches (see [`Engine::shutdown`]).
+///
+/// # Safety
+/// As for [`Engine::shutdown`].
+pub(crate) unsafe fn shutdown(e: &Engine) {
+    table::uninstall(e);
+    // SAFETY: forwarded.
+    unsafe { e.shutdown() }
+}
+
+impl Registered for Engine {
+    fn stats(&self) -> Option<Stats> {
+        self.is_alive().then(|| Engine::stats(self))
+    }
+
+    /// `trim_all`: [`trim`], in bytes.
+    fn trim(&self) -> usize {
+        trim(self) * self.backing().object_size()
+    }
+}
