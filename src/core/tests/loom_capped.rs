@@ -67,8 +67,9 @@ fn seated(a: &Alloc, seats: &Seats, value: u64) -> bool {
 }
 
 /// Two threads allocate and free against a cap of one: the permit stays in the cache of
-/// the thread that freed last, and the other thread's allocation must seize it. When
-/// both have exited, every permit is back in the shared count.
+/// the thread that freed last, and the other thread's allocation must seize it (a
+/// refusal there would be one below `max_live`). When both have exited, the one permit
+/// is back in the shared count: none lost, none made twice.
 #[test]
 fn a_permit_cached_by_one_thread_serves_another() {
     loom::model(|| {
@@ -88,6 +89,47 @@ fn a_permit_cached_by_one_thread_serves_another() {
         let s = a.stats();
         assert_eq!(s.live, 0, "{s}");
         assert!(s.is_consistent(), "{s}");
+        // Every permit is back in the shared count, none lost and none made twice.
+        a.release_thread_cache();
+        let permits = a.engine_arc().available.load(Ordering::Relaxed);
+        assert_eq!(permits, 1, "permits made or lost");
+        finish(a);
+    });
+}
+
+/// Two threads allocate against a cap of one with no seats, so one may be refused, but
+/// never may both hold an object: a permit taken by its owner while another thread
+/// seizes it would admit two. Afterwards the one permit is back in the shared count.
+#[test]
+fn never_more_than_max_live() {
+    loom::model(|| {
+        let a = capped(1, 1);
+        let live = Arc::new(AtomicUsize::new(0));
+        let workers: Vec<_> = (0..2)
+            .map(|t| {
+                let (a, live) = (Arc::clone(&a), Arc::clone(&live));
+                thread::spawn(move || {
+                    let mut most = 0;
+                    for i in 0..2 {
+                        if let Ok(h) = a.try_alloc(t * 10 + i) {
+                            most = most.max(live.fetch_add(1, Ordering::AcqRel) + 1);
+                            live.fetch_sub(1, Ordering::AcqRel);
+                            drop(h);
+                        }
+                    }
+                    most
+                })
+            })
+            .collect();
+        let most: Vec<usize> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        assert!(
+            most.iter().all(|&n| n <= 1),
+            "more than max_live live: {most:?}"
+        );
+        wait_for_exits(&a);
+        a.release_thread_cache();
+        let permits = a.engine_arc().available.load(Ordering::Relaxed);
+        assert_eq!(permits, 1, "permits made or lost");
         finish(a);
     });
 }
