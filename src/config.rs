@@ -13,10 +13,37 @@
 /// assert_eq!((s.backing_allocs, s.backing_frees, s.cached_in_threads), (1, 1, 0)); // nothing cached
 /// assert_eq!(Config::new(), Config::new().mode(CacheMode::ThreadCaches)); // the default
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum CacheMode {
     /// Per-thread magazine caches in front of the shared depot (the default).
+    #[default]
     ThreadCaches,
+    /// Per-CPU magazine caches in front of the shared depot, on Linux x86_64 with
+    /// restartable sequences (`rseq`, Linux 4.18+) and `membarrier`'s rseq fence (Linux
+    /// 5.10+): each CPU holds a loaded and a previous magazine per allocator, so what the
+    /// caches hold grows with the number of CPUs, not threads (a server with a thousand
+    /// mostly idle threads caches for its CPUs only), and `trim`/`trim_all` take it back
+    /// from any thread. The fast paths are one restartable sequence each, with no atomic
+    /// instruction.
+    ///
+    /// Where per-CPU caches cannot work (another platform, no rseq or membarrier, Miri,
+    /// valgrind, the environment variable `PROXALLOC_PERCPU=off`, or an allocator capped
+    /// with [`Config::max_live`]), the allocator uses per-thread caches instead:
+    /// [`ClassAllocator::mode`](crate::ClassAllocator::mode) and [`Stats::mode`](crate::Stats::mode)
+    /// say which it got. A thread whose rseq registration failed uses a per-thread cache
+    /// of a per-CPU allocator.
+    ///
+    /// ```
+    /// use proxalloc::{CacheMode, ClassAllocator, Config};
+    /// static CONNS: ClassAllocator<[u8; 256]> =
+    ///     ClassAllocator::with_config("doc-per-cpu", Config::new().mode(CacheMode::PerCpu));
+    /// drop(CONNS.alloc([0; 256]));
+    /// let mode = CONNS.mode(); // PerCpu on Linux x86_64 with rseq; else ThreadCaches
+    /// assert!(matches!(mode, CacheMode::PerCpu | CacheMode::ThreadCaches));
+    /// assert_eq!(CONNS.stats().mode, mode);
+    /// ```
+    PerCpu,
     /// No per-thread caching: every allocation and free goes to the shared depot, one
     /// object per magazine. This is Traffic Server's global freelist without its proxy
     /// allocators, kept to reproduce the TS-1684 comparison.
@@ -299,7 +326,7 @@ impl Config {
     pub(crate) fn magazine_capacity(&self, size: usize) -> usize {
         match self.mode {
             CacheMode::DepotOnly => 1,
-            CacheMode::ThreadCaches | CacheMode::Bypass => {
+            CacheMode::ThreadCaches | CacheMode::PerCpu | CacheMode::Bypass => {
                 let by_bytes = match size {
                     0 => usize::MAX,
                     s => self.thread_cache_bytes / (2 * s),

@@ -228,8 +228,8 @@ impl StatCounter {
 /// built before the call and writes it into the object; with an atomic access in
 /// between, the compiler can no longer build the value in place, so it builds it on the
 /// stack and copies it, and the copy's loads straddle the stores that built it (a
-/// store-forwarding stall). Measured in the peer suite: a 64-byte pair cost 8 ns instead
-/// of 2.7 ns. The atomics on those paths are the allocator's table-index and instance
+/// store-forwarding stall; measured: `docs/benchmarks.md#atomics-on-the-fast-path`).
+/// The atomics on those paths are the allocator's table-index and instance
 /// hints (read) and the thread cache's statistics counters (written by their owner, read
 /// by anyone).
 ///
@@ -309,6 +309,23 @@ pub(crate) mod relaxed {
 
     relaxed_access!(load_u32, store_u32, AtomicU32, u32, ":e", ":w");
     relaxed_access!(load_u64, store_u64, AtomicU64, u64, "", "");
+
+    /// A `Relaxed` load of a pointer.
+    #[inline(always)]
+    pub(crate) fn load_ptr(a: &std::sync::atomic::AtomicPtr<u8>) -> *mut u8 {
+        let v: *mut u8;
+        // SAFETY: an aligned, single-copy-atomic load: a `Relaxed` load (the pointer keeps
+        // the provenance it was stored with, as an atomic load's would).
+        unsafe {
+            std::arch::asm!(
+                insn!(load, "", ""),
+                p = in(reg) a.as_ptr(),
+                v = lateout(reg) v,
+                options(nostack, preserves_flags, readonly, pure),
+            )
+        };
+        v
+    }
 }
 
 /// Other targets, Miri (which cannot run assembly) and loom (where `StatCounter` stays
@@ -341,11 +358,17 @@ pub(crate) mod relaxed {
 
     relaxed_access!(load_u32, store_u32, AtomicU32, u32);
     relaxed_access!(load_u64, store_u64, AtomicU64, u64);
+
+    /// A `Relaxed` load of a pointer.
+    #[inline(always)]
+    pub(crate) fn load_ptr(a: &std::sync::atomic::AtomicPtr<u8>) -> *mut u8 {
+        a.load(Ordering::Relaxed)
+    }
 }
 
 /// Process-wide std primitives that loom does not model (see the module docs).
 pub(crate) mod process {
-    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64};
+    pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64};
     pub(crate) use std::sync::Mutex;
 }
 

@@ -1,6 +1,6 @@
 //! Where administrative paths (`stats`, `trim`, `trim_all`, an allocator's drop, thread
 //! exit, the idle collector) meet owner threads and user code run by destroy hooks.
-//! One test per defect found by review; each failed on the code before the fix.
+//! Each test is a regression test: it failed on the code before the fix it guards.
 //!
 //! Tests in this file share process-wide state (`trim_all` reaches every allocator), so
 //! they run one at a time under `SERIAL`.
@@ -33,9 +33,9 @@ fn finishes<R: Send + 'static>(what: &str, f: impl FnOnce() -> R + Send + 'stati
     }
 }
 
-/// Defect 1: `trim_all` detaches the depot's chain and destroys its values while the
-/// allocator is dropped on another thread. Shutdown used to walk every magazine,
-/// including the trimmer's chain: those values were dropped twice.
+/// `trim_all` detaches the depot's chain and destroys its values while the allocator is
+/// dropped on another thread. Shutdown used to walk every magazine, including the trimmer's
+/// chain: those values were dropped twice.
 #[test]
 fn trim_all_racing_an_allocators_drop_drops_each_value_once() {
     static CREATED: AtomicUsize = AtomicUsize::new(0);
@@ -95,10 +95,11 @@ fn trim_all_racing_an_allocators_drop_drops_each_value_once() {
     );
 }
 
-/// Defect 3 is a compile-time property (`Config::generation_bits` does not exist outside
-/// the crate's loom models): see the `compile_fail` example on `Config`. Here: the
-/// depot's generation no longer wraps within reach of a test, so a depot-only allocator
-/// hammered from two threads never hands one object out twice.
+/// ABA protection that safe code cannot switch off is a compile-time property
+/// (`Config::generation_bits` does not exist outside the crate's loom models): see the
+/// `compile_fail` example on `Config`. Here: the depot's generation no longer wraps within
+/// reach of a test, so a depot-only allocator hammered from two threads never hands one
+/// object out twice.
 #[test]
 fn depot_only_objects_are_never_handed_out_twice() {
     let _serial = serial();
@@ -124,9 +125,9 @@ fn depot_only_objects_are_never_handed_out_twice() {
     assert!(s.is_consistent() && s.live == 0, "{s}");
 }
 
-/// Defect 4: `stats()` read a cache through a reference to the whole cache while its
-/// owner held `&mut` to it; `trim_all` ran meanwhile. Miri (in CI) flags the aliasing;
-/// here every snapshot must also be consistent and the final accounting exact.
+/// `stats()` read a cache through a reference to the whole cache while its owner held
+/// `&mut` to it; `trim_all` ran meanwhile. Miri (in CI) flags the aliasing; here every
+/// snapshot must also be consistent and the final accounting exact.
 #[test]
 fn stats_and_trim_all_run_while_another_thread_allocates() {
     static OBJECTS: ClassAllocator<[u64; 4]> = ClassAllocator::with_config(
@@ -163,9 +164,9 @@ fn stats_and_trim_all_run_while_another_thread_allocates() {
     assert!(s.is_consistent(), "{s}");
 }
 
-/// Defect 5: a destructor that panics with a payload whose own `Drop` panics. The second
-/// panic used to escape the destroy hook in the middle of a batch, and the batch's
-/// remaining values were later destroyed again.
+/// A destructor that panics with a payload whose own `Drop` panics. The second panic used
+/// to escape the destroy hook in the middle of a batch, and the batch's remaining values
+/// were later destroyed again.
 #[test]
 fn a_panic_payload_that_panics_when_dropped_leaves_the_allocator_consistent() {
     static CREATED: AtomicUsize = AtomicUsize::new(0);
@@ -207,9 +208,9 @@ fn a_panic_payload_that_panics_when_dropped_leaves_the_allocator_consistent() {
     );
 }
 
-/// Defect 7: user code (a cached value's `Drop`) ran under an allocator's registry lock
-/// during shutdown, thread-exit retire and the idle collector; a `Drop` that reads stats
-/// or frees often enough to tick the collector deadlocked.
+/// User code (a cached value's `Drop`) ran under an allocator's registry lock during
+/// shutdown, thread-exit retire and the idle collector; a `Drop` that reads stats or frees
+/// often enough to tick the collector deadlocked.
 #[test]
 #[cfg_attr(
     miri,
@@ -265,9 +266,9 @@ fn destructors_that_read_stats_and_churn_other_allocators_do_not_deadlock() {
     assert!(SNOOPS.load(Ordering::SeqCst) > 0);
 }
 
-/// Defect 8: a cached value owning another value of the same allocator. Destroying it
-/// (over the depot budget) frees the child into the same cache, re-entering the
-/// exchange that was destroying it; the outer exchange then overwrote a magazine.
+/// A cached value owning another value of the same allocator. Destroying it (over the depot
+/// budget) frees the child into the same cache, re-entering the exchange that was
+/// destroying it; the outer exchange then overwrote a magazine.
 #[test]
 fn destroying_a_value_that_frees_into_the_same_allocator_loses_nothing() {
     static CREATED: AtomicUsize = AtomicUsize::new(0);
@@ -321,8 +322,8 @@ fn destroying_a_value_that_frees_into_the_same_allocator_loses_nothing() {
     );
 }
 
-/// Defect 9: `trim()` did not count objects its flush sent straight to the backing
-/// allocator (a depot budget of zero).
+/// `trim()` did not count objects its flush sent straight to the backing allocator (a depot
+/// budget of zero).
 #[test]
 fn trim_counts_what_the_flush_released() {
     let _serial = serial();
@@ -371,11 +372,10 @@ fn trim_all_asks_other_threads_and_they_flush_at_their_next_slow_path() {
     worker.join().unwrap();
 }
 
-/// Found by review after the fix: a destructor run by an eviction retires this thread's
-/// cache and registers the allocator again, while the slow path that ran it still holds
-/// a reference to the cache. Re-creating the cache must not write the whole struct
-/// (Miri, in CI, flags that under Stacked Borrows); here the accounting must also stay
-/// exact.
+/// A destructor run by an eviction retires this thread's cache and registers the allocator
+/// again, while the slow path that ran it still holds a reference to the cache. Re-creating
+/// the cache must not write the whole struct (Miri, in CI, flags that under Stacked
+/// Borrows); here the accounting must also stay exact.
 #[test]
 fn a_destructor_that_recreates_this_threads_cache() {
     static ARM: AtomicBool = AtomicBool::new(false);

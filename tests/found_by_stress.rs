@@ -1,5 +1,5 @@
 //! Deterministic reproducers of what the randomized runs (the stress run, fault
-//! injection, the state machine) found, one test each, ignored while the bug stands.
+//! injection, the state machine) found, one test each; each failed before its fix.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -91,7 +91,6 @@ impl Drop for Bomb {
 /// formatted message. Dropping the payload inside another `catch_unwind` (and forgetting
 /// only what that one catches) keeps the batch safe without the leak.
 #[test]
-#[ignore = "bug: the payload of a panic caught in a recycled value's destructor is leaked (Backing::destroy forgets it)"]
 fn a_panic_caught_in_a_recycled_values_destructor_leaks_nothing() {
     let r = RecyclingAllocator::<Bomb>::with_config("found-bomb", Config::new().depot_bytes(0));
     let leaked = quietly(|| {
@@ -113,7 +112,6 @@ fn a_panic_caught_in_a_recycled_values_destructor_leaks_nothing() {
 /// Found with the previous one: `Pool::clear` resumes the first panic of its cleanups
 /// and forgets the payloads of the others, for the same reason, leaking them.
 #[test]
-#[ignore = "bug: the payloads of a pool's second and later panicking cleanups are leaked (Pool::run_cleanups forgets them)"]
 fn panicking_pool_cleanups_leak_nothing() {
     let mut pool = Pool::new();
     let leaked = quietly(|| {
@@ -143,7 +141,6 @@ fn panicking_pool_cleanups_leak_nothing() {
 /// back to the system), instead of staying "in the dropping thread's cache for the next
 /// allocation" as `ClassAllocator`'s docs say.
 #[test]
-#[ignore = "bug: trim/trim_all leave the calling thread's own flush request pending, so its next slow path flushes what it just freed (Engine::trim)"]
 fn an_object_freed_after_a_trim_stays_in_the_thread_cache() {
     static A: ClassAllocator<[u64; 8]> = ClassAllocator::with_config(
         "found-trim-then-free",

@@ -1,6 +1,6 @@
 //! Where pools meet user code and failure: a pool's slow path re-entered by a recycled
 //! value's destructor, a cleanup's panic payload that panics when dropped, and layouts
-//! too large for any block. Found by review; each test failed on 8f03c66 (the first
+//! too large for any block. Each test failed on the code before its fix (the first
 //! under Miri only: natively the pool's state happened to stay consistent).
 
 use std::alloc::Layout;
@@ -45,7 +45,7 @@ impl Drop for Reenter {
 
 // A zero depot budget: a flush sends the value to the backing allocator (runs its Drop).
 static RE: RecyclingAllocator<Reenter> =
-    RecyclingAllocator::with_config("review2-reenter", Config::new().depot_bytes(0));
+    RecyclingAllocator::with_config("pool-reentry-recycled", Config::new().depot_bytes(0));
 
 #[test]
 fn pool_slow_path_is_reentered_by_a_recycle_drop() {

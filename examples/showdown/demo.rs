@@ -2,8 +2,9 @@
 //!
 //! A proxy and its origin run in one process on tokio's multi-thread runtime with hyper
 //! (`proxy.rs`, `origin.rs`, `server.rs`). The proxy allocates its per-request objects
-//! from proxalloc, in one of three modes: per-thread caches; the depot only (Traffic
-//! Server's global freelist, before its ProxyAllocators); the global allocator. The
+//! from proxalloc, in one of four modes: per-thread caches; per-CPU caches (Linux rseq);
+//! the depot only (Traffic Server's global freelist, before its ProxyAllocators); the
+//! global allocator. The
 //! global allocator itself is glibc's malloc, mimalloc or (in the tools build) jemalloc
 //! (`global.rs`). The default run starts the proxy once per pairing, each in a fresh
 //! process, drives it with the built-in load generator (`load.rs`), and prints
@@ -60,7 +61,7 @@ showdown [--seconds S] [--warmup S] [--connections C] [--threads T] [--rounds R]
          [--mode M] [--global G]
     the comparison: each pairing in fresh processes under the built-in load generator
     (--mode and --global choose the rows)
-showdown --serve [--port P] [--mode caches|depot|system] [--global glibc|mimalloc|jemalloc]
+showdown --serve [--port P] [--mode caches|percpu|depot|system] [--global glibc|mimalloc|jemalloc]
          [--seconds S] [--threads T]
     the proxy alone on 127.0.0.1:P for S seconds (0, the default: until Ctrl-C)";
 
@@ -103,7 +104,7 @@ fn parse_args() -> Args {
             "--mode" => {
                 let m = value();
                 a.mode = Some(Mode::parse(&m).unwrap_or_else(|| {
-                    eprintln!("--mode: one of caches, depot, system (got {m:?})");
+                    eprintln!("--mode: one of caches, percpu, depot, system (got {m:?})");
                     std::process::exit(2)
                 }))
             }

@@ -60,6 +60,8 @@ use crate::server::{self, BoxError, Limits, RespBody};
 pub enum Mode {
     /// proxalloc's per-thread caches.
     Caches,
+    /// proxalloc's per-CPU caches (Linux rseq; per-thread caches where it is missing).
+    PerCpu,
     /// Every allocation and free through the shared depot: Traffic Server's global
     /// freelist, before its ProxyAllocators.
     Depot,
@@ -69,12 +71,13 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub const ALL: [Mode; 3] = [Mode::Caches, Mode::Depot, Mode::System];
+    pub const ALL: [Mode; 4] = [Mode::Caches, Mode::PerCpu, Mode::Depot, Mode::System];
 
     /// The command-line name.
     pub fn flag(self) -> &'static str {
         match self {
             Mode::Caches => "caches",
+            Mode::PerCpu => "percpu",
             Mode::Depot => "depot",
             Mode::System => "system",
         }
@@ -87,6 +90,7 @@ impl Mode {
     pub fn label(self) -> &'static str {
         match self {
             Mode::Caches => "thread caches",
+            Mode::PerCpu => "CPU caches",
             Mode::Depot => "depot only (global freelist)",
             Mode::System => "global allocator",
         }
@@ -95,6 +99,7 @@ impl Mode {
     fn cache_mode(self) -> CacheMode {
         match self {
             Mode::Caches => CacheMode::ThreadCaches,
+            Mode::PerCpu => CacheMode::PerCpu,
             Mode::Depot => CacheMode::DepotOnly,
             Mode::System => CacheMode::Bypass,
         }

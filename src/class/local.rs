@@ -72,8 +72,8 @@ impl<T> ClassAllocator<T> {
 }
 
 // The object paths are `inline(always)`, like `ClassAllocator::alloc`: with plain
-// `#[inline]`, a generic caller (the harness's W1) kept `alloc_with` a call, 73
-// instructions a pair against 57 inlined (callgrind, `suite_profile proxalloc-local w1`).
+// `#[inline]`, a generic caller (the harness's W1) kept `alloc_with` a call, which cost
+// every pair (measured: `docs/benchmarks.md#localcache-inlined`).
 impl<'a, T> LocalCache<'a, T> {
     #[inline]
     fn engine(&self) -> &'a Engine {
@@ -113,7 +113,7 @@ impl<'a, T> LocalCache<'a, T> {
     #[inline(always)]
     #[must_use = "dropping the handle frees the object at once"]
     pub fn alloc_with(&self, init: impl FnOnce() -> T) -> ClassBox<'a, T> {
-        if self.alloc.capped() {
+        if self.cache.direct() {
             return self.alloc.alloc_with(init);
         }
         let object = self.cache.alloc(self.engine());
@@ -162,7 +162,7 @@ impl<'a, T> LocalCache<'a, T> {
             self.alloc.name,
             object.alloc.name,
         );
-        if self.alloc.capped() {
+        if self.cache.direct() {
             return drop(object);
         }
         let ptr = ClassBox::into_raw(object);

@@ -384,7 +384,10 @@ impl<T> ClassAllocator<T> {
 
     /// Hands this thread's cached objects to the depot and forgets this thread's cache
     /// (a worker about to idle for long, or a thread whose thread-local destructors may
-    /// not run). The next allocation on this thread makes a new cache.
+    /// not run). The next allocation on this thread makes a new cache. A
+    /// [`CacheMode::PerCpu`] allocator's caches belong to CPUs, not threads: this
+    /// releases only a per-thread cache the thread may have (if it could not use rseq),
+    /// and [`trim`](Self::trim) takes every CPU's.
     ///
     /// ```
     /// use proxalloc::ClassAllocator;

@@ -2,9 +2,9 @@
 //! the allocator being known from the type `C` (declared with [`static_class!`](crate::static_class)).
 //!
 //! A [`ClassBox`] handle is two words: the object and its allocator. A request that holds
-//! a thousand objects keeps a thousand handles, so their size shows: measured in the
-//! peer suite (`suite_profile proxalloc-one-word`), one-word handles made a batch of
-//! 1024 live 64-byte objects 10% faster on one thread and 20% faster on two.
+//! a thousand objects keeps a thousand handles, so their size shows: one-word handles
+//! make such a batch faster (measured: `docs/benchmarks.md#one-word-handles` in the
+//! repository).
 
 use std::fmt;
 use std::marker::PhantomData;

@@ -114,6 +114,7 @@ impl Engine {
     /// dropped).
     pub(crate) unsafe fn shutdown(&self) {
         let mut stashes = Vec::new();
+        let mut from_cpus = Evictions::default();
         {
             let mut list = sync::lock(&self.cache_list);
             self.alive.store(false, Ordering::Release);
@@ -124,9 +125,14 @@ impl Engine {
                     stashes.push(self.seize_stash(c));
                 }
             }
+            // Under the lock, as every reclaim of CPU caches is (`cpu_reclaim`): a
+            // `trim_all` that holds this engine may be reclaiming them right now.
+            if let Some(pc) = &self.percpu {
+                from_cpus = self.cpu_shutdown(pc);
+            }
         }
         thread_cache::announce_flush_requests();
-        let released = self.release_stashes(stashes);
+        let released = self.release(from_cpus) + self.release_stashes(stashes);
         self.trim_depot(released);
         ids::release(self.index);
     }
@@ -174,6 +180,9 @@ impl Engine {
                 unsafe { ThreadCache::counters(c) }.read_into(&mut n);
             }
         }
+        if let Some(pc) = &self.percpu {
+            pc.read_counts(&mut n);
+        }
         let backing_allocs = self.backing().allocs();
         let backing_frees = self.backing().frees();
         let live = n.allocs.saturating_sub(n.frees);
@@ -194,6 +203,7 @@ impl Engine {
             spills: n.spills,
             overflows: n.overflows,
             threads,
+            mode: self.mode,
         }
     }
 }

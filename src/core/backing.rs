@@ -272,10 +272,9 @@ impl Backing {
     }
 
     /// Destroys the object at `p` (with hooks). A panic in its destructor is caught and
-    /// discarded: it happens inside the allocator, which must stay consistent, and the
-    /// memory is freed regardless. The panic's payload is forgotten, not dropped: a
-    /// payload whose own `Drop` panics would otherwise unwind out of here, in the middle
-    /// of a batch whose remaining objects would then be destroyed again.
+    /// discarded ([`discard_panic`]): it happens inside the allocator, which must stay
+    /// consistent, in the middle of a batch whose remaining objects would otherwise be
+    /// destroyed again, and the memory is freed regardless.
     ///
     /// # Safety
     /// `p` holds a live object of the hooks' type, which is not used again.
@@ -284,7 +283,7 @@ impl Backing {
             // SAFETY: forwarded from the caller.
             let result = catch_unwind(AssertUnwindSafe(|| unsafe { (hooks.destroy)(p.as_ptr()) }));
             if let Err(payload) = result {
-                std::mem::forget(payload);
+                discard_panic(payload);
             }
         }
     }
@@ -363,7 +362,17 @@ pub(crate) unsafe fn free_user_block(
         allocator.free_block(p, layout)
     }));
     if let Err(payload) = result {
-        std::mem::forget(payload);
+        discard_panic(payload);
+    }
+}
+
+/// Drops the payload of a panic that proxalloc caught and does not pass on. A payload
+/// whose own `Drop` panics is contained too: that second payload is forgotten (it
+/// cannot be dropped without unwinding again), so nothing unwinds out of the caller,
+/// which is in the middle of releasing a batch or running a pool's cleanups.
+pub(crate) fn discard_panic(payload: Box<dyn std::any::Any + Send>) {
+    if let Err(again) = catch_unwind(AssertUnwindSafe(|| drop(payload))) {
+        std::mem::forget(again);
     }
 }
 

@@ -1,7 +1,8 @@
 //! The cache seam: how a front end reaches the cache nearest to the running code for
-//! one allocator. Today that is this thread's cache (found through the thread-local
-//! [`table`]); whatever kind of cache serves an allocator, the class layer
-//! calls these functions and nothing below them.
+//! one allocator: this thread's cache (found through the thread-local [`table`]), or,
+//! for a per-CPU allocator, this CPU's ([`percpu`](super::percpu), through restartable
+//! sequences). Whatever kind of cache serves an allocator, the class layer calls these
+//! functions and nothing below them.
 //!
 //! - [`Hints`]: the fast paths (inlined into every allocation and free): find the cache
 //!   from copies of the engine's numbers, pop or push one pointer.
@@ -18,6 +19,8 @@
 use std::ptr::NonNull;
 
 use super::engine::Engine;
+use super::percpu::PerCpu;
+use super::rseq;
 use super::table::{self, Lookup};
 use super::thread_cache::{Owner, Pin};
 use crate::registry::Registered;
@@ -29,10 +32,16 @@ use crate::sync::{self, const_fn, Arc};
 /// atomics even under loom: nothing is published through them): until they are set
 /// they match no cache, and a mismatch takes the slow path, which uses the engine's own
 /// numbers.
+///
+/// A per-CPU allocator's hints match no thread cache (its index stays unset); they
+/// point at its CPU caches instead, which the fast paths then use.
 #[derive(Debug)]
 pub(crate) struct Hints {
     index: sync::process::AtomicU32,
     instance: sync::process::AtomicU64,
+    /// Where the per-CPU caches are (null for other allocators): in the engine, which
+    /// lives as long as the allocator that holds these hints.
+    cpus: sync::process::AtomicPtr<u8>,
 }
 
 impl Hints {
@@ -43,6 +52,7 @@ impl Hints {
             Hints {
                 index: sync::process::AtomicU32::new(u32::MAX),
                 instance: sync::process::AtomicU64::new(u64::MAX),
+                cpus: sync::process::AtomicPtr::new(std::ptr::null_mut()),
             }
         }
     }
@@ -52,10 +62,36 @@ impl Hints {
     /// the slow path.
     pub(crate) fn set(&self, engine: &Engine, capped: bool) {
         use crate::sync::Ordering;
+        if let Some(pc) = engine.percpu() {
+            let array = std::ptr::from_ref(pc.array()).cast_mut().cast();
+            // Release: the array and its caches, written before, are visible to a thread
+            // that reads this pointer. The fast paths read it with a plain load (see
+            // `sync::relaxed`) and only then the array through it: an address dependency,
+            // which orders the two on x86-64, the one architecture with per-CPU caches.
+            self.cpus.store(array, Ordering::Release);
+            return;
+        }
         self.index.store(engine.index(), Ordering::Relaxed);
         if !capped {
             self.instance.store(engine.instance(), Ordering::Relaxed);
         }
+    }
+
+    /// A per-CPU allocator's caches, for a thread whose rseq area is set up.
+    #[inline(always)]
+    fn cpus(&self) -> Option<rseq::Cpus> {
+        let array = sync::relaxed::load_ptr(&self.cpus);
+        if array.is_null() {
+            return None;
+        }
+        let area = rseq::current_area();
+        if area.is_null() {
+            return None;
+        }
+        Some(rseq::Cpus {
+            area,
+            array: array.cast_const().cast(),
+        })
     }
 
     /// This thread's inline cache, if it has one (see [`table::lookup_fast`]).
@@ -74,7 +110,14 @@ impl Hints {
     /// caller's value can be built straight into the object.
     #[inline(always)]
     pub(crate) fn alloc(&self) -> Option<NonNull<u8>> {
-        self.owner()?.pop()
+        match self.owner() {
+            Some(c) => c.pop(),
+            None => {
+                let cpus = self.cpus()?;
+                // SAFETY: this thread's registered area and the allocator's live caches.
+                NonNull::new(unsafe { rseq::pop(cpus) })
+            }
+        }
     }
 
     /// The fast path of a free: `p` into this thread's loaded magazine; false (with
@@ -86,7 +129,11 @@ impl Hints {
     pub(crate) unsafe fn free(&self, p: NonNull<u8>) -> bool {
         match self.owner() {
             Some(c) => c.push(p),
-            None => false,
+            None => match self.cpus() {
+                // SAFETY: as in `alloc`; `p` as the caller promised.
+                Some(cpus) => unsafe { rseq::push(cpus, p.as_ptr()) },
+                None => false,
+            },
         }
     }
 }
@@ -182,10 +229,37 @@ pub(crate) fn alloc(e: &Arc<Engine>) -> Option<NonNull<u8>> {
     if e.capped() {
         return alloc_capped(e);
     }
+    if let Some(pc) = e.percpu() {
+        let area = rseq::thread_area();
+        if !area.is_null() {
+            return alloc_cpu_slow(e, pc, area);
+        }
+    }
     match cache_or_register(e) {
         // SAFETY: this thread's cache for `e`, just looked up.
         Some(c) => unsafe { alloc_from(e, c) },
         None => e.alloc_backing(),
+    }
+}
+
+/// A per-CPU allocation that the fast path could not serve (see [`Engine::cpu_alloc`]).
+#[cold]
+#[inline(never)]
+fn alloc_cpu_slow(e: &Engine, pc: &PerCpu, area: *mut u8) -> Option<NonNull<u8>> {
+    e.cpu_alloc(pc, area).or_else(|| e.alloc_backing())
+}
+
+/// A per-CPU free that the fast path could not take (see [`Engine::cpu_free`]).
+///
+/// # Safety
+/// As for [`free`].
+#[cold]
+#[inline(never)]
+unsafe fn free_cpu_slow(e: &Engine, pc: &PerCpu, area: *mut u8, p: NonNull<u8>) {
+    // SAFETY: forwarded.
+    if !unsafe { e.cpu_free(pc, area, p) } {
+        // SAFETY: forwarded.
+        unsafe { e.free_backing(p) }
     }
 }
 
@@ -198,6 +272,13 @@ pub(crate) unsafe fn free(e: &Arc<Engine>, p: NonNull<u8>) {
     if e.capped() {
         // SAFETY: forwarded.
         return unsafe { free_capped(e, p) };
+    }
+    if let Some(pc) = e.percpu() {
+        let area = rseq::thread_area();
+        if !area.is_null() {
+            // SAFETY: forwarded.
+            return unsafe { free_cpu_slow(e, pc, area, p) };
+        }
     }
     match cache_or_register(e) {
         // SAFETY: this thread's cache for `e`, just looked up; `p` as promised.
@@ -256,25 +337,42 @@ unsafe fn free_capped(e: &Arc<Engine>, p: NonNull<u8>) {
 /// `release_thread_cache` (from user code in the call) flushes it instead of retiring
 /// it. On drop it honours flush requests posted meanwhile (an event loop that only ever
 /// hits its cache takes no slow path that would).
+///
+/// A capped or per-CPU engine holds no cache here ([`direct`](Self::direct)): its
+/// operations take the allocator's own paths, which count permits or find the CPU.
 pub(crate) struct Pinned {
-    /// `None` without thread-local storage: then objects go straight to and from the
-    /// backing allocator.
+    /// `None` without thread-local storage (objects go straight to and from the backing
+    /// allocator), or for a direct engine.
     cache: Option<(Owner<'static>, Pin)>,
+    direct: bool,
 }
 
 impl Pinned {
-    /// Pins this thread's cache for `e` (registering one).
+    /// Pins this thread's cache for `e` (registering one), unless `e` is direct.
     pub(crate) fn new(e: &Arc<Engine>) -> Self {
+        let direct = e.capped() || e.percpu().is_some();
         Pinned {
-            cache: cache_or_register(e).map(|c| (c, Pin::new(c))),
+            cache: if direct {
+                None
+            } else {
+                cache_or_register(e).map(|c| (c, Pin::new(c)))
+            },
+            direct,
         }
     }
 
-    /// An object of `e` (the engine this was pinned for); see [`alloc`]. Not for capped
+    /// Whether the engine's operations must take the allocator's own paths (it is
+    /// capped, or has per-CPU caches), not this.
+    #[inline(always)]
+    pub(crate) fn direct(&self) -> bool {
+        self.direct
+    }
+
+    /// An object of `e` (the engine this was pinned for); see [`alloc`]. Not for direct
     /// engines.
     #[inline(always)]
     pub(crate) fn alloc(&self, e: &Engine) -> Option<NonNull<u8>> {
-        debug_assert!(!e.capped());
+        debug_assert!(!self.direct);
         match self.cache {
             // SAFETY: this thread's cache for `e`, pinned for the whole call; nothing
             // borrows its owner part between calls into the allocator.
@@ -283,13 +381,13 @@ impl Pinned {
         }
     }
 
-    /// Gives `p` back to `e` (the engine this was pinned for). Not for capped engines.
+    /// Gives `p` back to `e` (the engine this was pinned for). Not for direct engines.
     ///
     /// # Safety
     /// As for [`free`].
     #[inline(always)]
     pub(crate) unsafe fn free(&self, e: &Engine, p: NonNull<u8>) {
-        debug_assert!(!e.capped());
+        debug_assert!(!self.direct);
         match self.cache {
             // SAFETY: as in `alloc`; `p` as promised.
             Some((c, _)) => unsafe { free_into(e, c, p) },
@@ -325,14 +423,21 @@ pub(crate) fn release_thread_cache(e: &Engine) -> usize {
 /// path), this thread's cache, and the depot. Returns the number of objects released
 /// (0 for a dead allocator: its caches are their owners' to release).
 pub(crate) fn trim(e: &Engine) -> usize {
+    // Every CPU's magazines first (to the depot, whose trim below releases them).
+    let from_cpus = match e.percpu() {
+        Some(pc) if e.is_alive() => e.release(e.cpu_reclaim(pc)),
+        _ => 0,
+    };
     let Some(mut released) = e.trim_stashes() else {
         return 0;
     };
+    released += from_cpus;
     // Looked up after the stashes' release, which may have run user code.
     if let Lookup::Cache(c) = table::lookup(e.index(), e.instance()) {
-        // SAFETY: this thread's cache for `e`; no reference into it is live here (its
-        // flush request, set above, is left for its next sweep: a flush of an empty
-        // cache).
+        // The request `trim_stashes` set on this cache is honoured now: left pending,
+        // the next slow path would flush what this thread frees after the trim.
+        c.take_flush_request();
+        // SAFETY: this thread's cache for `e`; no reference into it is live here.
         let evictions = unsafe { e.flush(c) };
         released += e.release(evictions);
     }

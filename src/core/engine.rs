@@ -19,6 +19,7 @@ use super::budget::{self, ByteBudget};
 use super::depot::{Depot, Eviction, Put};
 use super::ids;
 use super::magazine::{self, Magazine, NIL};
+use super::percpu::PerCpu;
 use super::thread_cache::{Counters, Owner, ThreadCache};
 use crate::config::{bypass_from_env, CacheMode, Config};
 use crate::sync::{self, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
@@ -54,6 +55,9 @@ pub(crate) struct Engine {
     pub(super) name: &'static str,
     pub(super) mode: CacheMode,
     pub(super) depot: Depot,
+    /// The per-CPU caches, for `CacheMode::PerCpu` where rseq works (`mode` is then
+    /// `PerCpu`; threads that cannot use rseq still use per-thread caches).
+    pub(super) percpu: Option<PerCpu>,
     /// False once the allocator is dropped. Written under the cache-list lock; read there
     /// or, as a hint, anywhere (a stale `true` only sends a magazine to the depot, which
     /// releases it when the engine drops).
@@ -92,6 +96,17 @@ impl Engine {
             config.mode
         };
         let capacity = config.magazine_capacity(layout.size());
+        let capped = config.max_live != usize::MAX;
+        // Per-CPU caches where they can work (and the allocator is not capped: permits
+        // are counted per thread cache); per-thread caches otherwise.
+        let percpu = match mode {
+            CacheMode::PerCpu if !capped => PerCpu::new(capacity),
+            _ => None,
+        };
+        let mode = match mode {
+            CacheMode::PerCpu if percpu.is_none() => CacheMode::ThreadCaches,
+            mode => mode,
+        };
         let depot = |budget| {
             Depot::new(
                 Backing::new(layout, hooks),
@@ -113,16 +128,17 @@ impl Engine {
             name,
             mode,
             depot,
+            percpu,
             alive: AtomicBool::new(true),
             cache_list: Mutex::new(CacheList { caches: Vec::new() }),
             retired: Counters::new(),
             magazine_bytes: capacity * magazine::cached_bytes(layout.size()),
             max_grant: match mode {
-                CacheMode::ThreadCaches => config.thread_cache_growth_bytes,
+                CacheMode::ThreadCaches | CacheMode::PerCpu => config.thread_cache_growth_bytes,
                 CacheMode::DepotOnly | CacheMode::Bypass => 0,
             },
             available: AtomicUsize::new(config.max_live),
-            capped: config.max_live != usize::MAX,
+            capped,
             credit_batch: (config.max_live / 16).clamp(1, capacity.min(u32::MAX as usize / 4))
                 as u32,
         }
@@ -143,6 +159,12 @@ impl Engine {
     /// Whether `Config::max_live` caps the allocator.
     pub(crate) fn capped(&self) -> bool {
         self.capped
+    }
+
+    /// The per-CPU caches, if the allocator has them.
+    #[inline(always)]
+    pub(crate) fn percpu(&self) -> Option<&PerCpu> {
+        self.percpu.as_ref()
     }
 
     /// Whether the allocator still exists (a hint off the cache-list lock).
@@ -184,7 +206,10 @@ impl Engine {
         );
         match self.mode {
             // SAFETY: forwarded.
-            CacheMode::ThreadCaches => unsafe { self.refill(c) }.then(|| c.pop()).flatten(),
+            // (A per-CPU allocator's per-thread caches: threads that cannot use rseq.)
+            CacheMode::ThreadCaches | CacheMode::PerCpu => {
+                unsafe { self.refill(c) }.then(|| c.pop()).flatten()
+            }
             CacheMode::DepotOnly => self.take_one(c).inspect(|_| c.counters.allocs.bump(1)),
             CacheMode::Bypass => None,
         }
@@ -209,10 +234,12 @@ impl Engine {
         );
         let done = match self.mode {
             // SAFETY: forwarded; `make_room` runs no user code.
-            CacheMode::ThreadCaches => unsafe { self.make_room(c) }.inspect(|_| {
-                let pushed = c.push(p);
-                debug_assert!(pushed);
-            }),
+            CacheMode::ThreadCaches | CacheMode::PerCpu => {
+                unsafe { self.make_room(c) }.inspect(|_| {
+                    let pushed = c.push(p);
+                    debug_assert!(pushed);
+                })
+            }
             CacheMode::DepotOnly => self.give_one(c, p).inspect(|_| c.counters.frees.bump(1)),
             CacheMode::Bypass => None,
         };
@@ -341,18 +368,7 @@ impl Engine {
         if let Some(prev) = o.take_previous() {
             // SAFETY: a descriptor of this engine's table, owned by the cache.
             let prev = unsafe { self.mag(prev) };
-            let grant = c.grant();
-            if (c.stash_len() as usize + 1) * self.magazine_bytes <= grant {
-                c.stash_push(prev);
-                // Only the owner pushes, so whatever an administrator took meanwhile,
-                // the stash is now at most what the grant it was checked against covers.
-                debug_assert!(
-                    c.stash_len() as usize * self.magazine_bytes <= grant,
-                    "a stash beyond its grant: {} magazines of {} bytes, {grant} bytes granted",
-                    c.stash_len(),
-                    self.magazine_bytes,
-                );
-            } else {
+            if !c.stash_push_within_grant(prev, self.magazine_bytes) {
                 c.note_spill();
                 evictions.push(self.put(c, prev));
             }
@@ -449,24 +465,40 @@ impl Engine {
     /// comes back; an empty magazine still goes to the empty stack (the depot lives until
     /// the engine drops, and frees it then), so an empty magazine is never evicted.
     pub(super) fn put(&self, c: Owner<'_>, mag: &Magazine) -> Option<Eviction> {
-        // SAFETY: owned by the cache (the count is read before the hand-over).
-        if !self.is_alive() && unsafe { mag.len() } > 0 {
-            // SAFETY: owned by the cache, now handed over.
-            return Some(unsafe { self.depot.evict_all(mag) });
+        let (eviction, spills, overflows) = self.put_uncounted(mag);
+        c.counters.spills.bump(spills);
+        c.counters.overflows.bump(overflows);
+        eviction
+    }
+
+    /// [`put`](Self::put) for a magazine no thread cache owns (a CPU's), counted on the
+    /// engine's own counters.
+    pub(super) fn put_shared(&self, mag: &Magazine) -> Option<Eviction> {
+        let (eviction, spills, overflows) = self.put_uncounted(mag);
+        if spills > 0 {
+            self.retired.spills.add_shared(spills);
         }
-        // SAFETY: owned by the cache, now handed over.
+        if overflows > 0 {
+            self.retired.overflows.add_shared(overflows);
+        }
+        eviction
+    }
+
+    /// Hands `mag` (owned by the caller) to the depot; returns the eviction to finish,
+    /// and the spills and overflows to count.
+    fn put_uncounted(&self, mag: &Magazine) -> (Option<Eviction>, u64, u64) {
+        // SAFETY: owned by the caller (the count is read before the hand-over).
+        if !self.is_alive() && unsafe { mag.len() } > 0 {
+            // SAFETY: owned by the caller, now handed over.
+            return (Some(unsafe { self.depot.evict_all(mag) }), 0, 0);
+        }
+        // SAFETY: owned by the caller, now handed over.
         match unsafe { self.depot.put(mag) } {
-            Put::Empty => None,
-            Put::Cached => {
-                c.counters.spills.bump(1);
-                None
-            }
+            Put::Empty => (None, 0, 0),
+            Put::Cached => (None, 1, 0),
             Put::Evicted(e) => {
-                if e.keeps_some() {
-                    c.counters.spills.bump(1);
-                }
-                c.counters.overflows.bump(1);
-                Some(e)
+                let spilled = u64::from(e.keeps_some());
+                (Some(e), spilled, 1)
             }
         }
     }
@@ -487,45 +519,59 @@ impl Engine {
     /// cache, or `None` without one): from the cache's own permits, else a batch drawn
     /// from the shared count, else, once, every permit other threads hold (so a refusal
     /// means that `max_live` objects really are live). False: refused.
+    ///
+    /// A draw moves permits from the shared count into a cache in two steps; it holds
+    /// the cache-list lock, as does a refused thread's count of every cache's permits,
+    /// so no permit is ever between the two where that count would miss it (a refusal
+    /// with permits in flight, under `max_live`). The lock is taken once per batch.
     pub(crate) fn take_credit(&self, c: Option<Owner<'_>>) -> bool {
         if c.is_some_and(Owner::take_credit) {
             return true;
         }
-        for attempt in 0..2 {
-            let batch = c.map_or(1, |_| self.credit_batch as usize);
-            let drawn = self
-                .available
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| {
-                    a.checked_sub(a.min(batch)).filter(|_| a > 0)
-                });
-            if let Ok(before) = drawn {
-                let got = before.min(batch);
-                if let Some(c) = c {
-                    c.add_credits(got as u32 - 1);
-                }
-                return true;
-            }
-            if attempt == 0 {
-                let list = sync::lock(&self.cache_list);
-                for &other in &list.caches {
-                    // SAFETY: registered caches stay allocated while the lock is held.
-                    let n = unsafe { ThreadCache::seize_credits(other) };
-                    self.available.fetch_add(n as usize, Ordering::Relaxed);
-                }
-                // This thread's own permits were taken too: it draws below like anyone.
-            }
+        let list = sync::lock(&self.cache_list);
+        if self.draw_credits(c) {
+            return true;
         }
-        false
+        for &other in &list.caches {
+            // SAFETY: registered caches stay allocated while the lock is held.
+            let n = unsafe { ThreadCache::seize_credits(other) };
+            self.available.fetch_add(n as usize, Ordering::Relaxed);
+        }
+        // This thread's own permits were taken too: it draws again like anyone.
+        self.draw_credits(c)
+    }
+
+    /// Draws one permit for this thread from the shared count, and a batch's spares
+    /// into its cache `c`. False when the count is empty. Called under the cache-list
+    /// lock (see [`take_credit`](Self::take_credit)).
+    fn draw_credits(&self, c: Option<Owner<'_>>) -> bool {
+        let batch = c.map_or(1, |_| self.credit_batch as usize);
+        let drawn = self
+            .available
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| {
+                a.checked_sub(a.min(batch)).filter(|_| a > 0)
+            });
+        let Ok(before) = drawn else {
+            return false;
+        };
+        if let Some(c) = c {
+            c.add_credits(before.min(batch) as u32 - 1);
+        }
+        true
     }
 
     /// Gives back the permit of an object being freed (to `c`, this thread's cache, or
-    /// to the shared count); a cache holding more than two batches returns one.
+    /// to the shared count); a cache holding more than two batches returns one, under
+    /// the cache-list lock for the reason [`take_credit`](Self::take_credit) gives.
     pub(crate) fn return_credit(&self, c: Option<Owner<'_>>) {
         let batch = self.credit_batch;
         match c {
             Some(c) => {
-                if c.add_credits(1) > 2 * batch && c.give_back_credits(batch) {
-                    self.available.fetch_add(batch as usize, Ordering::Relaxed);
+                if c.add_credits(1) > 2 * batch {
+                    let _list = sync::lock(&self.cache_list);
+                    if c.give_back_credits(batch) {
+                        self.available.fetch_add(batch as usize, Ordering::Relaxed);
+                    }
                 }
             }
             None => {

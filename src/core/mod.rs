@@ -21,6 +21,8 @@ pub(crate) mod depot;
 pub(crate) mod engine;
 pub(crate) mod ids;
 pub(crate) mod magazine;
+pub(crate) mod percpu;
+pub(crate) mod rseq;
 pub(crate) mod table;
 pub(crate) mod thread_cache;
 

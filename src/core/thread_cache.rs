@@ -463,11 +463,6 @@ impl<'c> Owner<'c> {
             .is_ok()
     }
 
-    /// Magazines in the stash now.
-    pub(crate) fn stash_len(self) -> u32 {
-        stash_parts(self.stash.load(Ordering::Relaxed)).0
-    }
-
     /// Bytes of the process-wide budget this cache holds.
     pub(crate) fn grant(self) -> usize {
         self.grant.load(Ordering::Relaxed)
@@ -478,11 +473,23 @@ impl<'c> Owner<'c> {
         self.grant.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// Pushes `mag` (full, owned by this cache) onto the stash.
-    pub(crate) fn stash_push(self, mag: &Magazine) {
-        let mut head = self.stash.load(Ordering::Relaxed);
+    /// Pushes `mag` (full, owned by this cache) onto the stash if the grant pays for one
+    /// more magazine of `magazine_bytes`; false, with nothing changed, if it does not.
+    ///
+    /// The grant is checked each time the head is read, not once before: an
+    /// administrator takes the grant and then the stash (`Engine::seize_stash`), and an
+    /// owner whose CAS fails because the stash was taken reads the head again with
+    /// Acquire, which pairs with the taker's swap, so it sees the grant gone too. A check
+    /// made once, before the loop, let the push land in a taken stash with no grant
+    /// behind it (one magazine over, until the owner's next sweep).
+    pub(crate) fn stash_push_within_grant(self, mag: &Magazine, magazine_bytes: usize) -> bool {
+        let mut head = self.stash.load(Ordering::Acquire);
         loop {
             let (len, top) = stash_parts(head);
+            let grant = self.grant.load(Ordering::Relaxed);
+            if (len as usize + 1) * magazine_bytes > grant {
+                return false;
+            }
             mag.next.store(top, Ordering::Relaxed);
             // Release: the rounds and link written before this become visible to an
             // administrator that takes the stash (its swap is Acquire).
@@ -490,9 +497,20 @@ impl<'c> Owner<'c> {
                 head,
                 stash_head(len + 1, mag.index),
                 Ordering::Release,
-                Ordering::Relaxed,
+                Ordering::Acquire,
             ) {
-                Ok(_) => return,
+                Ok(_) => {
+                    // Only the owner pushes, so whatever an administrator took meanwhile,
+                    // the stash is now at most what the grant it was checked against
+                    // covers.
+                    let now = stash_parts(self.stash.load(Ordering::Relaxed)).0;
+                    debug_assert!(
+                        now as usize * magazine_bytes <= grant,
+                        "a stash beyond its grant: {now} magazines of {magazine_bytes} bytes, \
+                         {grant} bytes granted",
+                    );
+                    return true;
+                }
                 Err(now) => head = now,
             }
         }
@@ -572,7 +590,7 @@ impl<'c> Owner<'c> {
         Holdings {
             loaded: (!o.loaded.is_null()).then_some(o.len),
             previous,
-            stash: self.stash_len(),
+            stash: stash_parts(self.stash.load(Ordering::Relaxed)).0,
             empties: self.empty_count.get(),
             grant: self.grant(),
             flush_requested: self.flush_request.load(Ordering::Relaxed),

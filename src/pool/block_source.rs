@@ -194,9 +194,10 @@ impl BlockSource {
         let budget = Arc::new(ByteBudget::new(max_free));
         // No stash (`thread_cache_growth_bytes(0)`): a thread's cache for a block class
         // stays at two magazines, so what a thread holds outside `max_free` is bounded
-        // (320 KiB); with the default growth of 1 MiB per class, W7 left seven 64 KiB
-        // blocks (448 KiB) in one thread's cache. Pools take one or two blocks of a
-        // class per clear, which the two magazines already serve.
+        // (320 KiB); with the default growth, W7 left a stash of 64 KiB blocks in one
+        // thread's cache (`docs/benchmarks.md#w7-footprint-the-subversion-pattern`).
+        // Pools take one or two blocks of a class per clear, which the two magazines
+        // already serve.
         let cfg = Config::new()
             .magazine_size(8)
             .thread_cache_bytes(64 << 10)

@@ -11,6 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
 use super::Pool;
+use crate::core::backing::discard_panic;
 
 /// A registered cleanup: a closure or a value's destructor, in pool memory.
 #[repr(C)]
@@ -193,11 +194,11 @@ impl<'s> Pool<'s> {
                     let run = (*node).run;
                     if let Err(p) = catch_unwind(AssertUnwindSafe(|| run(node, true))) {
                         // The first panic goes on once every cleanup has run; later
-                        // payloads are forgotten, not dropped: a payload whose own `Drop`
-                        // panics would unwind out of here and skip the other cleanups.
+                        // payloads are dropped here, with a panic from a payload's own
+                        // `Drop` contained, so the other cleanups still run.
                         match first_panic {
                             None => first_panic = Some(p),
-                            Some(_) => std::mem::forget(p),
+                            Some(_) => discard_panic(p),
                         }
                     }
                 }

@@ -213,6 +213,7 @@ impl Large {
             spills: 0,
             overflows: 0,
             threads: 0,
+            mode: crate::CacheMode::ThreadCaches,
         }
     }
 }

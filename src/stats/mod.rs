@@ -67,7 +67,8 @@ pub struct Stats {
     pub frees: u64,
     /// Objects in users' hands now (`allocs - frees`): cached objects are not counted.
     pub live: u64,
-    /// Free objects held in thread caches (all threads).
+    /// Free objects held in thread caches (all threads), or in CPU caches with
+    /// [`CacheMode::PerCpu`](crate::CacheMode::PerCpu).
     pub cached_in_threads: u64,
     /// Free objects held in the depot.
     pub cached_in_depot: u64,
@@ -82,8 +83,14 @@ pub struct Stats {
     /// Magazines whose objects went to the backing allocator because the depot budget
     /// was full.
     pub overflows: u64,
-    /// Thread caches currently registered.
+    /// Thread caches currently registered (with per-CPU caches: threads that could not
+    /// use rseq).
     pub threads: usize,
+    /// The caching mode the allocator runs in: what its `Config` asked for, except that
+    /// [`CacheMode::PerCpu`](crate::CacheMode::PerCpu) falls back to
+    /// [`ThreadCaches`](crate::CacheMode::ThreadCaches) where per-CPU caches cannot work,
+    /// and the environment can force [`Bypass`](crate::CacheMode::Bypass).
+    pub mode: crate::CacheMode,
 }
 
 impl Stats {

@@ -191,11 +191,10 @@ fn take_violations() -> Vec<String> {
 // ---------------------------------------------------------------------------------------
 // Injected panics
 
-/// The payload of a panic the engine injects (the panic hook keeps it quiet). Zero-sized,
-/// so its box allocates nothing: the allocator forgets the payloads of panics it catches
-/// in destructors (see `found_by_stress.rs`), and a payload with memory would show up
-/// in AddressSanitizer's leak check as that known leak.
-pub struct Injected;
+/// The payload of a panic the engine injects (the panic hook keeps it quiet). It has
+/// memory, so a payload that the allocator catches and fails to drop shows up in
+/// AddressSanitizer's leak check (see `found_by_stress.rs`).
+pub struct Injected(#[allow(dead_code)] [u64; 4]);
 
 static INJECTED: AtomicU64 = AtomicU64::new(0);
 
@@ -232,7 +231,7 @@ fn chaos() -> bool {
 fn maybe_panic(_what: &'static str) {
     if chaos() {
         INJECTED.fetch_add(1, Ordering::Relaxed);
-        std::panic::panic_any(Injected);
+        std::panic::panic_any(Injected([0; 4]));
     }
 }
 
@@ -580,9 +579,11 @@ impl Drop for Hold {
 
 const CAP: usize = 24;
 
+// Per-CPU caches where rseq works (per-thread ones elsewhere).
 static PLAIN: ClassAllocator<Val<40>> = ClassAllocator::with_config(
     "stress-plain",
     Config::new()
+        .mode(CacheMode::PerCpu)
         .magazine_size(3)
         .depot_bytes(512)
         .thread_cache_growth_bytes(1024),
@@ -617,6 +618,7 @@ static_class!(ThinVals: Val<24> = "stress-thin", Config::new().magazine_size(2).
 static RECYCLED: RecyclingAllocator<Rv> = RecyclingAllocator::with_config(
     "stress-recycled",
     Config::new()
+        .mode(CacheMode::PerCpu)
         .magazine_size(2)
         .depot_bytes(256)
         .thread_cache_growth_bytes(512),
@@ -653,6 +655,8 @@ fn rt_config(rng: &mut Rng) -> (Config, Option<usize>) {
         .thread_cache_growth_bytes([0, 48, 480, 1 << 16][rng.below(4)]);
     if rng.per_mille(100) {
         c = c.mode(CacheMode::DepotOnly);
+    } else if rng.per_mille(300) {
+        c = c.mode(CacheMode::PerCpu);
     }
     let cap = rng.per_mille(250).then(|| 1 + rng.below(12));
     if let Some(cap) = cap {

@@ -10,6 +10,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::UnsafeCell;
 use std::hint::black_box;
+use std::ops::Deref;
 use std::ptr::NonNull;
 
 use proxalloc::{CacheMode, ClassAllocator, ClassBox, Config, LocalCache};
@@ -28,6 +29,54 @@ pub fn leak<T>(v: T) -> &'static T {
     Box::leak(Box::new(v))
 }
 
+/// Writes a [`Contender`] impl: the same three methods for every contender, each
+/// `#[inline(always)]`, so that a workload's loop is measured with the contender's code
+/// inlined into it, as a program calling that allocator directly has it: a generic
+/// harness does not always get the inlining a direct caller gets, and a call per
+/// operation would be part of the figure (`docs/benchmarks.md#localcache-inlined`).
+/// `free` may be left out when dropping the handle frees the object, and `touch` when
+/// the handle dereferences to it.
+macro_rules! contender {
+    (
+        $(#[$attr:meta])*
+        impl[$($gen:tt)*] Contender<$l:lifetime, $t:ty> for $ty:ty {
+            type Handle = $handle:ty;
+            fn alloc(&$sa:ident, $v:ident) $alloc:block
+            $(fn free(&$sf:ident, $h:ident) $free:block)?
+            $(fn touch($ht:ident) $touch:block)?
+        }
+    ) => {
+        $(#[$attr])*
+        impl<$($gen)*> Contender<$l, $t> for $ty {
+            type Handle = $handle;
+            #[inline(always)]
+            fn alloc(&$l $sa, $v: $t) -> Self::Handle $alloc
+            contender!(@free $l; $(&$sf, $h $free)?);
+            contender!(@touch $(($ht) $touch)?);
+        }
+    };
+    (@free $l:lifetime;) => {
+        #[inline(always)]
+        fn free(&$l self, h: Self::Handle) {
+            drop(h)
+        }
+    };
+    (@free $l:lifetime; &$s:ident, $h:ident $body:block) => {
+        #[inline(always)]
+        fn free(&$l $s, $h: Self::Handle) $body
+    };
+    (@touch) => {
+        #[inline(always)]
+        fn touch(h: &Self::Handle) {
+            black_box(&**h);
+        }
+    };
+    (@touch ($h:ident) $body:block) => {
+        #[inline(always)]
+        fn touch($h: &Self::Handle) $body
+    };
+}
+
 // ---- proxalloc (thread caches, depot only, bypass) ----
 
 pub struct Proxalloc<T: 'static>(pub ClassAllocator<T>);
@@ -41,37 +90,26 @@ impl<T: 'static> Proxalloc<T> {
     }
 }
 
-impl<'a, T> Contender<'a, T> for Proxalloc<T> {
-    type Handle = ClassBox<'a, T>;
-    #[inline(always)]
-    fn alloc(&'a self, v: T) -> Self::Handle {
-        self.0.alloc(v)
-    }
-    #[inline(always)]
-    fn free(&'a self, h: Self::Handle) {
-        drop(h)
-    }
-    #[inline(always)]
-    fn touch(h: &Self::Handle) {
-        black_box(&**h);
+contender! {
+    impl['a, T] Contender<'a, T> for Proxalloc<T> {
+        type Handle = ClassBox<'a, T>;
+        fn alloc(&self, v) {
+            self.0.alloc(v)
+        }
     }
 }
 
-/// proxalloc through `with_local`: the cache in hand, no per-operation thread-local
-/// lookup (as an event-loop worker that owns its thread uses it).
-impl<'b, 'a: 'b, T> Contender<'b, T> for LocalCache<'a, T> {
-    type Handle = ClassBox<'a, T>;
-    #[inline(always)]
-    fn alloc(&'b self, v: T) -> Self::Handle {
-        LocalCache::alloc(self, v)
-    }
-    #[inline(always)]
-    fn free(&'b self, h: Self::Handle) {
-        LocalCache::free(self, h)
-    }
-    #[inline(always)]
-    fn touch(h: &Self::Handle) {
-        black_box(&**h);
+contender! {
+    /// proxalloc through `with_local`: the cache in hand, no per-operation thread-local
+    /// lookup (as an event-loop worker that owns its thread uses it).
+    impl['b, 'a: 'b, T] Contender<'b, T> for LocalCache<'a, T> {
+        type Handle = ClassBox<'a, T>;
+        fn alloc(&self, v) {
+            LocalCache::alloc(self, v)
+        }
+        fn free(&self, h) {
+            LocalCache::free(self, h)
+        }
     }
 }
 
@@ -94,21 +132,26 @@ pub struct OneWord<T>(NonNull<T>);
 // SAFETY: the handle owns its object exclusively, like `Box<T>`; `T` is `Send`.
 unsafe impl<T: Send> Send for OneWord<T> {}
 
-impl<'a, T> Contender<'a, T> for ProxallocOneWord<T> {
-    type Handle = OneWord<T>;
+impl<T> Deref for OneWord<T> {
+    type Target = T;
     #[inline(always)]
-    fn alloc(&'a self, v: T) -> Self::Handle {
-        OneWord(ClassBox::into_raw(self.0.alloc(v)))
+    fn deref(&self) -> &T {
+        // SAFETY: the handle owns a live object (made only by `alloc` below, consumed by
+        // `free`).
+        unsafe { self.0.as_ref() }
     }
-    #[inline(always)]
-    fn free(&'a self, h: Self::Handle) {
-        // SAFETY: `h` came from `into_raw` on this allocator and is freed once.
-        drop(unsafe { ClassBox::from_raw(&self.0, h.0) })
-    }
-    #[inline(always)]
-    fn touch(h: &Self::Handle) {
-        // SAFETY: the handle owns a live object.
-        black_box(unsafe { h.0.as_ref() });
+}
+
+contender! {
+    impl['a, T] Contender<'a, T> for ProxallocOneWord<T> {
+        type Handle = OneWord<T>;
+        fn alloc(&self, v) {
+            OneWord(ClassBox::into_raw(self.0.alloc(v)))
+        }
+        fn free(&self, h) {
+            // SAFETY: `h` came from `into_raw` on this allocator and is freed once.
+            drop(unsafe { ClassBox::from_raw(&self.0, h.0) })
+        }
     }
 }
 
@@ -116,19 +159,12 @@ impl<'a, T> Contender<'a, T> for ProxallocOneWord<T> {
 
 pub struct SystemBox;
 
-impl<'a, T> Contender<'a, T> for SystemBox {
-    type Handle = Box<T>;
-    #[inline(always)]
-    fn alloc(&'a self, v: T) -> Self::Handle {
-        Box::new(v)
-    }
-    #[inline(always)]
-    fn free(&'a self, h: Self::Handle) {
-        drop(h)
-    }
-    #[inline(always)]
-    fn touch(h: &Self::Handle) {
-        black_box(&**h);
+contender! {
+    impl['a, T] Contender<'a, T> for SystemBox {
+        type Handle = Box<T>;
+        fn alloc(&self, v) {
+            Box::new(v)
+        }
     }
 }
 
@@ -139,29 +175,35 @@ pub struct RawBox<T>(NonNull<T>);
 // SAFETY: owns its `T` like a `Box`.
 unsafe impl<T: Send> Send for RawBox<T> {}
 
+impl<T> Deref for RawBox<T> {
+    type Target = T;
+    #[inline(always)]
+    fn deref(&self) -> &T {
+        // SAFETY: a `RawBox` holds a live value: it is made only by an `alloc` below,
+        // after the value is written, and consumed by the matching `free`.
+        unsafe { self.0.as_ref() }
+    }
+}
+
 pub struct ViaGlobal<A: GlobalAlloc>(pub A);
 
-impl<'a, A: GlobalAlloc, T> Contender<'a, T> for ViaGlobal<A> {
-    type Handle = RawBox<T>;
-    #[inline(always)]
-    fn alloc(&'a self, v: T) -> Self::Handle {
-        // SAFETY: non-zero layout; the block gets one value and is freed once in `free`.
-        unsafe {
-            let p = self.0.alloc(Layout::new::<T>()).cast::<T>();
-            let p = NonNull::new(p).expect("out of memory");
-            p.as_ptr().write(v);
-            RawBox(p)
+contender! {
+    impl['a, A: GlobalAlloc, T] Contender<'a, T> for ViaGlobal<A> {
+        type Handle = RawBox<T>;
+        fn alloc(&self, v) {
+            // SAFETY: non-zero layout; the block gets one value and is freed once in
+            // `free`.
+            unsafe {
+                let p = self.0.alloc(Layout::new::<T>()).cast::<T>();
+                let p = NonNull::new(p).expect("out of memory");
+                p.as_ptr().write(v);
+                RawBox(p)
+            }
         }
-    }
-    #[inline(always)]
-    fn free(&'a self, h: Self::Handle) {
-        // SAFETY: allocated in `alloc` with this layout.
-        unsafe { self.0.dealloc(h.0.as_ptr().cast(), Layout::new::<T>()) }
-    }
-    #[inline(always)]
-    fn touch(h: &Self::Handle) {
-        // SAFETY: a live value.
-        black_box(unsafe { h.0.as_ref() });
+        fn free(&self, h) {
+            // SAFETY: allocated in `alloc` with this layout.
+            unsafe { self.0.dealloc(h.0.as_ptr().cast(), Layout::new::<T>()) }
+        }
     }
 }
 
@@ -169,21 +211,14 @@ impl<'a, A: GlobalAlloc, T> Contender<'a, T> for ViaGlobal<A> {
 
 pub struct ObjectPool<T>(pub object_pool::Pool<T>);
 
-impl<'a, T: Default + 'a> Contender<'a, T> for ObjectPool<T> {
-    type Handle = object_pool::Reusable<'a, T>;
-    #[inline(always)]
-    fn alloc(&'a self, v: T) -> Self::Handle {
-        let mut h = self.0.pull(T::default);
-        *h = v;
-        h
-    }
-    #[inline(always)]
-    fn free(&'a self, h: Self::Handle) {
-        drop(h)
-    }
-    #[inline(always)]
-    fn touch(h: &Self::Handle) {
-        black_box(&**h);
+contender! {
+    impl['a, T: Default + 'a] Contender<'a, T> for ObjectPool<T> {
+        type Handle = object_pool::Reusable<'a, T>;
+        fn alloc(&self, v) {
+            let mut h = self.0.pull(T::default);
+            *h = v;
+            h
+        }
     }
 }
 
@@ -191,21 +226,14 @@ impl<'a, T: Default + 'a> Contender<'a, T> for ObjectPool<T> {
 
 pub struct LockfreePool<T>(pub lockfree_object_pool::LinearObjectPool<T>);
 
-impl<'a, T: 'a> Contender<'a, T> for LockfreePool<T> {
-    type Handle = lockfree_object_pool::LinearReusable<'a, T>;
-    #[inline(always)]
-    fn alloc(&'a self, v: T) -> Self::Handle {
-        let mut h = self.0.pull();
-        *h = v;
-        h
-    }
-    #[inline(always)]
-    fn free(&'a self, h: Self::Handle) {
-        drop(h)
-    }
-    #[inline(always)]
-    fn touch(h: &Self::Handle) {
-        black_box(&**h);
+contender! {
+    impl['a, T: 'a] Contender<'a, T> for LockfreePool<T> {
+        type Handle = lockfree_object_pool::LinearReusable<'a, T>;
+        fn alloc(&self, v) {
+            let mut h = self.0.pull();
+            *h = v;
+            h
+        }
     }
 }
 
@@ -213,19 +241,18 @@ impl<'a, T: 'a> Contender<'a, T> for LockfreePool<T> {
 
 pub struct ShardedSlab<T: sharded_slab::Clear + Default>(pub sharded_slab::Pool<T>);
 
-impl<'a, T: sharded_slab::Clear + Default> Contender<'a, T> for ShardedSlab<T> {
-    type Handle = usize;
-    #[inline(always)]
-    fn alloc(&'a self, v: T) -> Self::Handle {
-        self.0.create_with(|o| *o = v).expect("slab full")
-    }
-    #[inline(always)]
-    fn free(&'a self, h: Self::Handle) {
-        self.0.clear(h);
-    }
-    #[inline(always)]
-    fn touch(h: &Self::Handle) {
-        black_box(*h);
+contender! {
+    impl['a, T: sharded_slab::Clear + Default] Contender<'a, T> for ShardedSlab<T> {
+        type Handle = usize;
+        fn alloc(&self, v) {
+            self.0.create_with(|o| *o = v).expect("slab full")
+        }
+        fn free(&self, h) {
+            self.0.clear(h);
+        }
+        fn touch(h) {
+            black_box(*h);
+        }
     }
 }
 
@@ -235,25 +262,21 @@ impl<'a, T: sharded_slab::Clear + Default> Contender<'a, T> for ShardedSlab<T> {
 /// drops it when the queue is full).
 pub struct ArrayQueuePool<T>(pub crossbeam_queue::ArrayQueue<Box<T>>);
 
-impl<'a, T> Contender<'a, T> for ArrayQueuePool<T> {
-    type Handle = Box<T>;
-    #[inline(always)]
-    fn alloc(&'a self, v: T) -> Self::Handle {
-        match self.0.pop() {
-            Some(mut b) => {
-                *b = v;
-                b
+contender! {
+    impl['a, T] Contender<'a, T> for ArrayQueuePool<T> {
+        type Handle = Box<T>;
+        fn alloc(&self, v) {
+            match self.0.pop() {
+                Some(mut b) => {
+                    *b = v;
+                    b
+                }
+                None => Box::new(v),
             }
-            None => Box::new(v),
         }
-    }
-    #[inline(always)]
-    fn free(&'a self, h: Self::Handle) {
-        let _ = self.0.push(h);
-    }
-    #[inline(always)]
-    fn touch(h: &Self::Handle) {
-        black_box(&**h);
+        fn free(&self, h) {
+            let _ = self.0.push(h);
+        }
     }
 }
 
@@ -279,31 +302,27 @@ const fn stack_index(size: usize) -> usize {
     size.trailing_zeros() as usize - 5
 }
 
-impl<'a, T> Contender<'a, T> for LowerBound {
-    type Handle = RawBox<T>;
-    #[inline(always)]
-    fn alloc(&'a self, v: T) -> Self::Handle {
-        let i = const { stack_index(size_of::<T>()) };
-        // SAFETY: this thread's stacks, not borrowed elsewhere.
-        let p = STACKS.with(|s| unsafe { (*s.get())[i].pop() });
-        let p = p.unwrap_or_else(|| {
-            // SAFETY: non-zero layout.
-            NonNull::new(unsafe { System.alloc(Layout::new::<T>()) }).expect("out of memory")
-        });
-        let p = p.cast::<T>();
-        // SAFETY: memory for one value.
-        unsafe { p.as_ptr().write(v) };
-        RawBox(p)
-    }
-    #[inline(always)]
-    fn free(&'a self, h: Self::Handle) {
-        let i = const { stack_index(size_of::<T>()) };
-        // SAFETY: this thread's stacks, not borrowed elsewhere.
-        STACKS.with(|s| unsafe { (*s.get())[i].push(h.0.cast()) });
-    }
-    #[inline(always)]
-    fn touch(h: &Self::Handle) {
-        // SAFETY: a live value.
-        black_box(unsafe { h.0.as_ref() });
+contender! {
+    impl['a, T] Contender<'a, T> for LowerBound {
+        type Handle = RawBox<T>;
+        fn alloc(&self, v) {
+            let i = const { stack_index(size_of::<T>()) };
+            // SAFETY: this thread's stacks, not borrowed elsewhere.
+            let p = STACKS.with(|s| unsafe { (*s.get())[i].pop() });
+            let p = p.unwrap_or_else(|| {
+                // SAFETY: non-zero layout.
+                NonNull::new(unsafe { System.alloc(Layout::new::<T>()) })
+                    .expect("out of memory")
+            });
+            let p = p.cast::<T>();
+            // SAFETY: memory for one value.
+            unsafe { p.as_ptr().write(v) };
+            RawBox(p)
+        }
+        fn free(&self, h) {
+            let i = const { stack_index(size_of::<T>()) };
+            // SAFETY: this thread's stacks, not borrowed elsewhere.
+            STACKS.with(|s| unsafe { (*s.get())[i].push(h.0.cast()) });
+        }
     }
 }

@@ -9,9 +9,10 @@ use super::workloads::{w1, w2, w3, w4, w5, w5_two, Mix, Obj, Object};
 
 /// The peer suite (`peers`, `peers_interleaved`): every contender but `proxalloc-local`
 /// (whose cache is one thread's), the floor first.
-pub const PEER_SUITE: [&str; 12] = [
+pub const PEER_SUITE: [&str; 13] = [
     "lower-bound",
     "proxalloc",
+    "proxalloc-percpu",
     "proxalloc-depot-only",
     "proxalloc-one-word",
     "proxalloc-bypass",
@@ -80,7 +81,7 @@ where
 type Make = fn(&'static str) -> Entry;
 
 /// Every object contender for objects of type `O`: its name and how to build it.
-fn object_table<O: Object>() -> [(&'static str, Make); 13] {
+fn object_table<O: Object>() -> [(&'static str, Make); 14] {
     [
         // No shared level: a remote free would strand memory on the freeing thread.
         ("lower-bound", |n| {
@@ -88,6 +89,10 @@ fn object_table<O: Object>() -> [(&'static str, Make); 13] {
         }),
         ("proxalloc", |n| {
             entry::<O, _>(n, false, true, Proxalloc::<O>::new(CacheMode::ThreadCaches))
+        }),
+        // Per-CPU caches (Linux rseq; per-thread caches where they cannot work).
+        ("proxalloc-percpu", |n| {
+            entry::<O, _>(n, false, true, Proxalloc::<O>::new(CacheMode::PerCpu))
         }),
         ("proxalloc-local", |n| {
             let p = Proxalloc::<O>::new(CacheMode::ThreadCaches);
@@ -173,10 +178,11 @@ type MakeMix = fn(&'static str) -> MixEntry;
 /// calls mimalloc and jemalloc, and inline functions are compiled only into the programs
 /// that use them. Otherwise W5's code would share an object file with functions every
 /// tool uses (`w7`'s helpers, `rss`), and linking that file would bring both allocators,
-/// whose start-up code runs and adds some 800 KiB to the RSS of `pool_footprint` and
-/// `idle_threads`, which measure RSS and never link them.
+/// whose start-up code runs and adds to the RSS of `pool_footprint` and `idle_threads`,
+/// which measure RSS and never use them
+/// (`docs/benchmarks.md#peers-kept-out-of-the-rss-tools`).
 #[inline]
-fn mix_table() -> [(&'static str, MakeMix); 11] {
+fn mix_table() -> [(&'static str, MakeMix); 12] {
     // `$make` builds the allocator for `$n`-byte objects; contenders that serve every
     // size with one value (`leak(SystemBox)`) do not name `$n`, hence the `allow`.
     macro_rules! mix {
@@ -217,6 +223,10 @@ fn mix_table() -> [(&'static str, MakeMix); 11] {
         (
             "proxalloc",
             mix!(false, |N| Proxalloc::<Obj<N>>::new(CacheMode::ThreadCaches)),
+        ),
+        (
+            "proxalloc-percpu",
+            mix!(false, |N| Proxalloc::<Obj<N>>::new(CacheMode::PerCpu)),
         ),
         (
             "proxalloc-depot-only",

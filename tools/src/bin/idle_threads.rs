@@ -1,15 +1,18 @@
 //! A pool of many threads that each did a burst of work and went idle: what do their
 //! caches hold, and what can another thread get back?
 //!
-//! 256 threads each allocate 200 objects from each of four allocators (64 B, 512 B,
-//! 2 KiB, 8 KiB), free them, and block. The main thread reports RSS and the bytes that
-//! proxalloc caches (in threads, in depots, granted from the process-wide thread-cache
-//! budget), calls `trim_all`, reports again, then lets the threads exit. The same program
-//! runs with every object going to the system allocator (`--one system`), in a fresh process.
+//! 256 threads (or `--threads N`) each allocate 200 objects from each of four allocators
+//! (64 B, 512 B, 2 KiB, 8 KiB), free them, and block. The main thread reports RSS and the
+//! bytes that proxalloc caches (in threads or CPUs, in depots, granted from the
+//! process-wide thread-cache budget), calls `trim_all`, reports again, then lets the
+//! threads exit. Each mode runs in a fresh process: per-thread caches (`caches`), per-CPU
+//! caches (`percpu`), and every object going to the system allocator (`system`, which
+//! calls glibc's `malloc_trim` where `trim_all` stands in the others).
 //!
 //! ```sh
-//! cargo run --release -p proxalloc-tools --bin idle_threads            # both modes, a table
-//! cargo run --release -p proxalloc-tools --bin idle_threads -- --one caches|system
+//! cargo run --release -p proxalloc-tools --bin idle_threads                  # all modes, a table
+//! cargo run --release -p proxalloc-tools --bin idle_threads -- --threads 1024
+//! cargo run --release -p proxalloc-tools --bin idle_threads -- --one caches|percpu|system
 //! ```
 
 use std::sync::{Arc, Barrier};
@@ -19,6 +22,27 @@ use proxalloc_tools::rss::{fresh_process, rss_kib};
 
 const THREADS: usize = 256;
 const BURST: usize = 200;
+
+/// The thread count from `--threads N` (default [`THREADS`]).
+fn threads_arg(args: &[String]) -> usize {
+    args.iter()
+        .position(|a| a == "--threads")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(THREADS)
+}
+
+/// glibc's `malloc_trim(0)`: what a program using the system allocator alone calls to
+/// give freed memory back (the comparison's "glibc after malloc_trim").
+fn malloc_trim() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: no preconditions.
+        unsafe { malloc_trim(0) };
+    }
+}
 
 struct Four {
     small: ClassAllocator<[u8; 64]>,
@@ -75,12 +99,12 @@ impl Four {
 }
 
 /// One mode in this process: prints one line of `key=value` figures.
-fn run(mode: CacheMode) {
+fn run(mode: CacheMode, nthreads: usize) {
     let four: &'static Four = Box::leak(Box::new(Four::new(mode)));
     let start = rss_kib();
-    let idle = Arc::new(Barrier::new(THREADS + 1));
-    let exit = Arc::new(Barrier::new(THREADS + 1));
-    let threads: Vec<_> = (0..THREADS)
+    let idle = Arc::new(Barrier::new(nthreads + 1));
+    let exit = Arc::new(Barrier::new(nthreads + 1));
+    let threads: Vec<_> = (0..nthreads)
         .map(|_| {
             let (idle, exit) = (Arc::clone(&idle), Arc::clone(&exit));
             std::thread::spawn(move || {
@@ -95,6 +119,9 @@ fn run(mode: CacheMode) {
     let granted = proxalloc::thread_cache_budget().0 >> 10;
     let idle_rss = rss_kib();
     let released = proxalloc::trim_all() >> 10;
+    if mode == CacheMode::Bypass {
+        malloc_trim();
+    }
     let (in_threads_after, in_depots_after) = four.cached_kib();
     let trimmed_rss = rss_kib();
     exit.wait();
@@ -103,25 +130,28 @@ fn run(mode: CacheMode) {
     }
     let (in_threads_exit, _) = four.cached_kib();
     println!(
-        "start={start} idle_rss={idle_rss} in_threads={in_threads} in_depots={in_depots} \
+        "mode={:?} start={start} idle_rss={idle_rss} in_threads={in_threads} in_depots={in_depots} \
          granted={granted} released={released} trimmed_rss={trimmed_rss} \
          in_threads_after={in_threads_after} in_depots_after={in_depots_after} \
          exit_rss={} in_threads_exit={in_threads_exit}",
+        four.small.mode(),
         rss_kib()
     );
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    let nthreads = threads_arg(&args);
     if let Some(i) = args.iter().position(|a| a == "--one") {
         match args.get(i + 1).map(String::as_str) {
-            Some("caches") => run(CacheMode::ThreadCaches),
-            Some("system") => run(CacheMode::Bypass),
-            other => panic!("--one caches|system, not {other:?}"),
+            Some("caches") => run(CacheMode::ThreadCaches, nthreads),
+            Some("percpu") => run(CacheMode::PerCpu, nthreads),
+            Some("system") => run(CacheMode::Bypass, nthreads),
+            other => panic!("--one caches|percpu|system, not {other:?}"),
         }
         return;
     }
-    println!("{THREADS} threads, a burst of {BURST} objects each in 4 allocators (64 B to 8 KiB), then idle; KiB");
+    println!("{nthreads} threads, a burst of {BURST} objects each in 4 allocators (64 B to 8 KiB), then idle; KiB");
     println!(
         "{:<8} {:>9} {:>10} {:>11} {:>10} {:>8} {:>9} {:>12} {:>11} {:>9}",
         "mode",
@@ -135,8 +165,9 @@ fn main() {
         "depots after",
         "exit RSS"
     );
-    for mode in ["caches", "system"] {
-        let out = fresh_process(&["--one", mode]);
+    let n = nthreads.to_string();
+    for mode in ["caches", "percpu", "system"] {
+        let out = fresh_process(&["--one", mode, "--threads", &n]);
         let line = String::from_utf8_lossy(&out.stdout);
         let get = |k: &str| -> String {
             line.split_whitespace()

@@ -15,17 +15,25 @@
 //!
 //! Not the harness's W1 on purpose: this pair is a `static` allocator's, in a function of
 //! its own, the loop on which the fast path's instruction counts have always been taken
-//! (67.0 per pair, `docs/design.md`), so the figures stay comparable.
+//! (`docs/benchmarks.md#fast-path-instruction-counts`), so the figures stay comparable.
 
 use std::sync::Arc;
 
-use proxalloc::{ClassAllocator, LocalCache};
+use proxalloc::{CacheMode, ClassAllocator, Config, LocalCache};
 
 static OBJS: ClassAllocator<[u64; 8]> = ClassAllocator::new("pair-loop");
+static CPU_OBJS: ClassAllocator<[u64; 8]> =
+    ClassAllocator::with_config("pair-loop-percpu", Config::new().mode(CacheMode::PerCpu));
 
 #[inline(never)]
 fn pair(i: u64) {
     let h = OBJS.alloc([i; 8]);
+    std::hint::black_box(&*h);
+}
+
+#[inline(never)]
+fn percpu_pair(i: u64) {
+    let h = CPU_OBJS.alloc([i; 8]);
     std::hint::black_box(&*h);
 }
 
@@ -60,7 +68,14 @@ fn main() {
                 local_pair(cache, i);
             }
         }),
-        Some(other) => panic!("unknown mode {other:?}: owned, local, or none"),
+        Some("percpu") => {
+            // Under valgrind (no rseq) this falls back to per-thread caches: time it.
+            eprintln!("pair-loop-percpu runs in {:?}", CPU_OBJS.mode());
+            for i in 0..n {
+                percpu_pair(i);
+            }
+        }
+        Some(other) => panic!("unknown mode {other:?}: owned, local, percpu, or none"),
         None => {
             for i in 0..n {
                 pair(i);
