@@ -5,14 +5,16 @@
 //! object memory) comes from here. Under `--cfg proxalloc_loom` these are loom's types, so the
 //! models check every ordering and every allocation; otherwise they are std's.
 //!
-//! Every atomic of the crate comes from here. These deliberately stay std under loom,
+//! Every atomic of the crate comes from here, except the per-CPU caches' (`core::percpu`,
+//! `core::rseq`), which never exist under loom: rseq is unavailable there, and loom
+//! cannot model the sequences' assembly or a CPU. These deliberately stay std under loom,
 //! each for the reason given:
 //! - [`StatCounter`]: statistics counters carry no protocol (nothing is published through
 //!   them), and modelling them would multiply the state space for nothing.
 //! - [`process`]: process-wide registration (dense table indices for the thread-cache
 //!   table, instance numbers) and an allocator's copies of its engine's numbers (hints: a
-//!   stale one only sends the caller down the slow path), touched only outside any
-//!   modelled protocol. (Under loom the free list of table indices is one per model
+//!   stale one only sends the caller down the slow path; the per-CPU array's pointer is
+//!   null under loom), touched only outside any modelled protocol. (Under loom the free list of table indices is one per model
 //!   execution, still std: see `core::ids`.)
 //! - The misuse-detection table (`debug`) and the registry behind `stats::all` and
 //!   `trim_all` (empty under loom) are std mutexes: bookkeeping beside the allocator's
