@@ -311,23 +311,6 @@ pub(crate) mod relaxed {
 
     relaxed_access!(load_u32, store_u32, AtomicU32, u32, ":e", ":w");
     relaxed_access!(load_u64, store_u64, AtomicU64, u64, "", "");
-
-    /// A `Relaxed` load of a pointer.
-    #[inline(always)]
-    pub(crate) fn load_ptr(a: &std::sync::atomic::AtomicPtr<u8>) -> *mut u8 {
-        let v: *mut u8;
-        // SAFETY: an aligned, single-copy-atomic load: a `Relaxed` load (the pointer keeps
-        // the provenance it was stored with, as an atomic load's would).
-        unsafe {
-            std::arch::asm!(
-                insn!(load, "", ""),
-                p = in(reg) a.as_ptr(),
-                v = lateout(reg) v,
-                options(nostack, preserves_flags, readonly, pure),
-            )
-        };
-        v
-    }
 }
 
 /// Other targets, Miri (which cannot run assembly) and loom (where `StatCounter` stays
@@ -360,12 +343,6 @@ pub(crate) mod relaxed {
 
     relaxed_access!(load_u32, store_u32, AtomicU32, u32);
     relaxed_access!(load_u64, store_u64, AtomicU64, u64);
-
-    /// A `Relaxed` load of a pointer.
-    #[inline(always)]
-    pub(crate) fn load_ptr(a: &std::sync::atomic::AtomicPtr<u8>) -> *mut u8 {
-        a.load(Ordering::Relaxed)
-    }
 }
 
 /// Process-wide std primitives that loom does not model (see the module docs).

@@ -4,31 +4,46 @@
 
 use crossbeam_utils::CachePadded;
 
-use crate::sync::{AtomicUsize, Ordering};
+use crate::sync::{const_fn, AtomicUsize, Ordering};
 
-/// Bytes of free memory that may be cached, and how many are.
+/// Bytes of free memory that may be cached, and how many are, on a cache line of its
+/// own: a budget that several threads' depots share (a block source's `max_free`, the
+/// process-wide thread-cache budget). Its counting is [`BudgetCount`]'s, which a depot
+/// with a budget of its own keeps on its stacks' line instead (see `Depot`).
 #[derive(Debug)]
-pub struct ByteBudget {
-    used: CachePadded<AtomicUsize>,
+pub struct ByteBudget(CachePadded<BudgetCount>);
+
+impl ByteBudget {
+    const_fn! {
+        /// A budget of `limit` bytes.
+        pub fn new(limit: usize) -> Self {
+            ByteBudget(CachePadded::new(BudgetCount::new(limit)))
+        }
+    }
+}
+
+impl std::ops::Deref for ByteBudget {
+    type Target = BudgetCount;
+    fn deref(&self) -> &BudgetCount {
+        &self.0
+    }
+}
+
+/// A byte budget's two words, with no padding: the limit and how many bytes are claimed.
+#[derive(Debug)]
+pub struct BudgetCount {
+    used: AtomicUsize,
     limit: AtomicUsize,
 }
 
-impl ByteBudget {
-    /// A budget of `limit` bytes.
-    #[cfg(not(proxalloc_loom))]
-    pub const fn new(limit: usize) -> Self {
-        ByteBudget {
-            used: CachePadded::new(AtomicUsize::new(0)),
-            limit: AtomicUsize::new(limit),
-        }
-    }
-
-    /// A budget of `limit` bytes (loom's atomics are not `const`).
-    #[cfg(proxalloc_loom)]
-    pub fn new(limit: usize) -> Self {
-        ByteBudget {
-            used: CachePadded::new(AtomicUsize::new(0)),
-            limit: AtomicUsize::new(limit),
+impl BudgetCount {
+    const_fn! {
+        /// A budget of `limit` bytes.
+        pub fn new(limit: usize) -> Self {
+            BudgetCount {
+                used: AtomicUsize::new(0),
+                limit: AtomicUsize::new(limit),
+            }
         }
     }
 

@@ -65,9 +65,9 @@ impl Hints {
         if let Some(pc) = engine.percpu() {
             let array = std::ptr::from_ref(pc.array()).cast_mut().cast();
             // Release: the array and its caches, written before, are visible to a thread
-            // that reads this pointer. The fast paths read it with a plain load (see
-            // `sync::relaxed`) and only then the array through it: an address dependency,
-            // which orders the two on x86-64, the one architecture with per-CPU caches.
+            // that reads this pointer. The fast paths read it `Relaxed` (see `cpus`) and
+            // only then the array through it: an address dependency, which orders the
+            // two on x86-64, the one architecture with per-CPU caches.
             self.cpus.store(array, Ordering::Release);
             return;
         }
@@ -80,7 +80,9 @@ impl Hints {
     /// A per-CPU allocator's caches, for a thread whose rseq area is set up.
     #[inline(always)]
     fn cpus(&self) -> Option<rseq::Cpus> {
-        let array = sync::relaxed::load_ptr(&self.cpus);
+        // A plain atomic load (one `mov` from the static), not `sync::relaxed`'s: the
+        // sequence that follows is a compiler barrier anyway.
+        let array = self.cpus.load(std::sync::atomic::Ordering::Relaxed);
         if array.is_null() {
             return None;
         }

@@ -26,20 +26,32 @@
 //!   throughout. A spill reserves bytes before it pushes and a refill releases them
 //!   after it pops, so the budget's count is never below what the stacks hold and never
 //!   above its limit.
+//!
+//! # One cache line
+//! Both stack heads, the `cached` count and (for a depot with a budget of its own, as
+//! every class allocator's is) the budget's words share one cache line: a magazine
+//! exchange (a spill and an empty taken, or a refill and an empty given back) touches
+//! the depot's line once, where with one line per word a thread refilling from what
+//! another spilled missed on four (W4's producer and consumer do one exchange each per
+//! batch). A depot whose budget is shared (a block source's classes) keeps it apart,
+//! and then counts `cached` itself; with a budget of its own, `cached` is the budget's
+//! bytes over each object's charge, so a spill or a refill is two read-modify-writes,
+//! not three.
 
 use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
 use super::backing::Backing;
-use super::budget::ByteBudget;
+use super::budget::{BudgetCount, ByteBudget};
 use super::magazine::{cached_bytes, Magazine, MagazineTable, INDEX_BITS, NIL};
 use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 
-/// A lock-free stack of magazines, with a generation-tagged head.
+/// A lock-free stack of magazines, with a generation-tagged head. Unpadded: a depot
+/// keeps its two stacks on one cache line (see "One cache line" above).
 #[derive(Debug)]
 pub struct MagazineStack {
-    head: CachePadded<AtomicU64>,
+    head: AtomicU64,
     generation_mask: u64,
 }
 
@@ -63,7 +75,7 @@ impl MagazineStack {
         let bits = generation_bits.min(MAX_GENERATION_BITS);
         let generation_mask = (1u64 << bits) - 1;
         MagazineStack {
-            head: CachePadded::new(AtomicU64::new(pack(0, NIL))),
+            head: AtomicU64::new(pack(0, NIL)),
             generation_mask,
         }
     }
@@ -183,21 +195,45 @@ impl Eviction {
     }
 }
 
+/// The words of a depot that every thread's exchange touches, on one cache line.
+#[derive(Debug)]
+struct Line {
+    full: MagazineStack,
+    empty: MagazineStack,
+    /// Objects on the full stack (an upper bound while a pop is in flight; for stats),
+    /// counted only when the budget is shared (see [`Depot::cached_objects`]).
+    cached: AtomicUsize,
+    /// The budget, when the depot has one of its own.
+    own_budget: BudgetCount,
+}
+
 /// The shared level of one allocator.
 #[derive(Debug)]
 pub struct Depot {
     table: MagazineTable,
-    full: MagazineStack,
-    empty: MagazineStack,
-    /// Objects on the full stack (an upper bound while a pop is in flight; for stats).
-    cached: CachePadded<AtomicUsize>,
-    /// The byte budget the full stack's objects are charged to (possibly shared with
-    /// other depots, as a pool block source's classes share one `max_free`).
-    budget: Arc<ByteBudget>,
+    line: CachePadded<Line>,
+    /// A budget the full stack's objects are charged to together with other depots' (a
+    /// pool block source's classes share one `max_free`); `None`: the depot's own, on
+    /// its line.
+    shared_budget: Option<Arc<ByteBudget>>,
     /// Bytes charged to the budget per cached object.
     charge: usize,
     backing: Backing,
 }
+
+/// The budget a [`Depot`] charges its objects to.
+#[derive(Debug)]
+pub enum DepotBudget {
+    /// Its own, of this many bytes.
+    Own(usize),
+    /// One shared with other depots.
+    Shared(Arc<ByteBudget>),
+}
+
+const _: () = assert!(
+    std::mem::size_of::<Line>() <= 64,
+    "a depot's line outgrew one"
+);
 
 impl Depot {
     /// A depot for objects from `backing`, `capacity` objects per magazine, whose cached
@@ -206,15 +242,22 @@ impl Depot {
     pub fn new(
         backing: Backing,
         capacity: usize,
-        budget: Arc<ByteBudget>,
+        budget: DepotBudget,
         generation_bits: u32,
     ) -> Self {
+        let (own, shared_budget) = match budget {
+            DepotBudget::Own(limit) => (limit, None),
+            DepotBudget::Shared(b) => (0, Some(b)),
+        };
         Depot {
             table: MagazineTable::new(capacity),
-            full: MagazineStack::new(generation_bits),
-            empty: MagazineStack::new(generation_bits),
-            cached: CachePadded::new(AtomicUsize::new(0)),
-            budget,
+            line: CachePadded::new(Line {
+                full: MagazineStack::new(generation_bits),
+                empty: MagazineStack::new(generation_bits),
+                cached: AtomicUsize::new(0),
+                own_budget: BudgetCount::new(own),
+            }),
+            shared_budget,
             charge: cached_bytes(backing.object_size()),
             backing,
         }
@@ -224,8 +267,28 @@ impl Depot {
     /// with memory that has no slots (a block source's `max_free`, which its large-block
     /// cache also draws on, counts block bytes as APR's does).
     pub fn charging_object_bytes_only(mut self) -> Self {
+        debug_assert!(
+            self.shared_budget.is_some(),
+            "an own budget derives its count of objects from the charge"
+        );
         self.charge = self.backing.object_size();
         self
+    }
+
+    /// The budget the full stack's objects are charged to.
+    fn budget(&self) -> &BudgetCount {
+        match &self.shared_budget {
+            Some(b) => b,
+            None => &self.line.own_budget,
+        }
+    }
+
+    /// Counts `n` objects onto the full stack (before the push, so a concurrent pop
+    /// cannot subtract first). With an own budget the budget's bytes are the count.
+    fn count_cached(&self, n: usize) {
+        if self.shared_budget.is_some() {
+            self.line.cached.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// Where this depot's objects come from and go back to.
@@ -254,14 +317,20 @@ impl Depot {
         self.table.capacity()
     }
 
-    /// Free objects held on the full stack now.
+    /// Free objects held on the full stack now (an upper bound while a spill or a
+    /// refill is in flight).
     pub fn cached_objects(&self) -> usize {
-        self.cached.load(Ordering::Relaxed)
+        match self.shared_budget {
+            Some(_) => self.line.cached.load(Ordering::Relaxed),
+            // Every charge of an own budget is for objects on the full stack (`charge`
+            // is at least a slot's bytes, never 0, for an own budget).
+            None => self.line.own_budget.used() / self.charge,
+        }
     }
 
     /// A magazine holding objects, owned by the caller, or `None` if the depot has none.
     pub fn take_full(&self) -> Option<&Magazine> {
-        let mag = self.full.pop(&self.table)?;
+        let mag = self.line.full.pop(&self.table)?;
         // SAFETY: popped, so owned here.
         let n = unsafe { mag.len() };
         self.uncharge(n);
@@ -275,8 +344,10 @@ impl Depot {
 
     /// Accounts for `n` objects leaving the full stack.
     fn uncharge(&self, n: usize) {
-        self.cached.fetch_sub(n, Ordering::Relaxed);
-        self.budget.release(self.bytes(n));
+        if self.shared_budget.is_some() {
+            self.line.cached.fetch_sub(n, Ordering::Relaxed);
+        }
+        self.budget().release(self.bytes(n));
     }
 
     /// Hands over a magazine: an empty one goes to the empty stack, one holding objects
@@ -291,19 +362,18 @@ impl Depot {
         // SAFETY: owned by the caller.
         let n = unsafe { mag.len() };
         if n == 0 {
-            self.empty.push(mag);
+            self.line.empty.push(mag);
             return Put::Empty;
         }
-        let keep = self.budget.reserve_up_to(n, self.charge);
+        let keep = self.budget().reserve_up_to(n, self.charge);
         if keep < n {
             return Put::Evicted(Eviction {
                 mag: NonNull::from(mag),
                 keep,
             });
         }
-        // Counted before the push, so a concurrent pop cannot subtract first.
-        self.cached.fetch_add(n, Ordering::Relaxed);
-        self.full.push(mag);
+        self.count_cached(n);
+        self.line.full.push(mag);
         Put::Cached
     }
 
@@ -331,10 +401,10 @@ impl Depot {
             })
         };
         if keep > 0 {
-            self.cached.fetch_add(keep, Ordering::Relaxed);
-            self.full.push(mag);
+            self.count_cached(keep);
+            self.line.full.push(mag);
         } else {
-            self.empty.push(mag);
+            self.line.empty.push(mag);
         }
         released
     }
@@ -342,7 +412,7 @@ impl Depot {
     /// An empty magazine with slot storage, owned by the caller: a recycled one, or a new
     /// one. `None` only when memory for a new magazine cannot be had.
     pub fn take_empty(&self) -> Option<&Magazine> {
-        let mag = match self.empty.pop(&self.table) {
+        let mag = match self.line.empty.pop(&self.table) {
             Some(mag) => mag,
             None => self.table.create_descriptor()?,
         };
@@ -352,7 +422,7 @@ impl Depot {
         } else {
             // Kept on the empty stack (whose magazines may lack storage), so the next
             // attempt retries its storage instead of claiming another index.
-            self.empty.push(mag);
+            self.line.empty.push(mag);
             None
         }
     }
@@ -391,7 +461,7 @@ impl Depot {
     /// Magazines that threads push meanwhile stay cached.
     pub fn trim(&self) -> usize {
         let mut released = 0;
-        if let Some(first) = self.full.take_all(&self.table) {
+        if let Some(first) = self.line.full.take_all(&self.table) {
             let mut last = first;
             for_each_in_chain(&self.table, first, |mag| {
                 // SAFETY: the detached chain is owned here.
@@ -402,16 +472,16 @@ impl Depot {
                 released += n;
                 last = mag;
             });
-            self.empty.push_chain(first, last);
+            self.line.empty.push_chain(first, last);
         }
-        if let Some(first) = self.empty.take_all(&self.table) {
+        if let Some(first) = self.line.empty.take_all(&self.table) {
             let mut last = first;
             for_each_in_chain(&self.table, first, |mag| {
                 // SAFETY: the detached chain is owned here, and its magazines are empty.
                 unsafe { self.table.release_slots(mag) };
                 last = mag;
             });
-            self.empty.push_chain(first, last);
+            self.line.empty.push_chain(first, last);
         }
         released
     }
@@ -436,7 +506,7 @@ mod tests {
         Depot::new(
             Backing::new(Layout::new::<u64>(), None),
             capacity,
-            Arc::new(ByteBudget::new(budget_objects * cached_bytes(8))),
+            DepotBudget::Own(budget_objects * cached_bytes(8)),
             MAX_GENERATION_BITS,
         )
     }
@@ -541,6 +611,57 @@ mod tests {
         assert_eq!(d.cached_objects(), 6);
         assert_eq!(d.backing().frees(), 2);
         assert_eq!(d.trim(), 6);
+        assert_eq!(d.backing().allocs(), d.backing().frees());
+    }
+
+    #[test]
+    fn depots_sharing_a_budget_count_their_own_objects() {
+        // Six objects' bytes between two depots (charged object bytes only, as a block
+        // source's classes are): each depot counts its objects, the budget their bytes.
+        let budget = Arc::new(ByteBudget::new(6 * 8));
+        let shared = || {
+            Depot::new(
+                Backing::new(Layout::new::<u64>(), None),
+                4,
+                DepotBudget::Shared(budget.clone()),
+                MAX_GENERATION_BITS,
+            )
+            .charging_object_bytes_only()
+        };
+        let (a, b) = (shared(), shared());
+        assert_eq!(put(&a, filled(&a, 4)), "cached");
+        assert_eq!(put(&b, filled(&b, 4)), "partial");
+        assert_eq!((a.cached_objects(), b.cached_objects()), (4, 2));
+        assert_eq!(budget.used(), 6 * 8);
+        let m = a.take_full().unwrap();
+        assert_eq!((a.cached_objects(), b.cached_objects()), (0, 2));
+        assert_eq!(budget.used(), 2 * 8);
+        // SAFETY: owned.
+        unsafe { a.release_objects(m) };
+        assert_eq!(put(&a, m), "empty");
+        assert_eq!(a.trim() + b.trim(), 2);
+        assert_eq!(
+            (a.cached_objects(), b.cached_objects(), budget.used()),
+            (0, 0, 0)
+        );
+    }
+
+    #[test]
+    fn an_own_budget_counts_the_objects_it_holds() {
+        // The count of an own budget's depot comes from its bytes: exact through
+        // spills, a partial spill, refills and a trim.
+        let d = depot(4, 10);
+        assert_eq!(put(&d, filled(&d, 3)), "cached");
+        assert_eq!(put(&d, filled(&d, 4)), "cached");
+        assert_eq!(put(&d, filled(&d, 4)), "partial");
+        assert_eq!(d.cached_objects(), 10);
+        let m = d.take_full().unwrap();
+        assert_eq!(d.cached_objects(), 7);
+        // SAFETY: owned.
+        unsafe { d.release_objects(m) };
+        assert_eq!(put(&d, m), "empty");
+        assert_eq!(d.trim(), 7);
+        assert_eq!(d.cached_objects(), 0);
         assert_eq!(d.backing().allocs(), d.backing().frees());
     }
 

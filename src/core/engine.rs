@@ -16,7 +16,7 @@ use std::ptr::NonNull;
 
 use super::backing::{Backing, ObjectHooks};
 use super::budget::{self, ByteBudget};
-use super::depot::{Depot, Eviction, Put};
+use super::depot::{Depot, DepotBudget, Eviction, Put};
 use super::ids;
 use super::magazine::{self, Magazine, NIL};
 use super::percpu::PerCpu;
@@ -117,9 +117,9 @@ impl Engine {
         };
         let depot = match budget {
             // `depot_bytes`: objects and their slots, so zero-sized objects are bounded too.
-            None => depot(Arc::new(ByteBudget::new(config.depot_bytes))),
+            None => depot(DepotBudget::Own(config.depot_bytes)),
             // A budget shared with others (a block source's `max_free`) counts their bytes.
-            Some(shared) => depot(shared).charging_object_bytes_only(),
+            Some(shared) => depot(DepotBudget::Shared(shared)).charging_object_bytes_only(),
         };
         let (index, instance) = ids::claim();
         Engine {

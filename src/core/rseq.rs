@@ -385,6 +385,27 @@ mod imp {
         };
     }
 
+    /// `asm!` with a sequence's operands, plus the injected delay's in test builds (an
+    /// operand cannot carry `#[cfg]` before Rust 1.89, and the MSRV is 1.84).
+    #[cfg(test)]
+    macro_rules! rseq_asm {
+        ($template:expr, $($operands:tt)*) => {
+            core::arch::asm!(
+                $template,
+                $($operands)*
+                d = out(reg) _,
+                delay = sym INJECT_DELAY,
+                options(nostack),
+            )
+        };
+    }
+    #[cfg(not(test))]
+    macro_rules! rseq_asm {
+        ($template:expr, $($operands:tt)*) => {
+            core::arch::asm!($template, $($operands)* options(nostack))
+        };
+    }
+
     /// The per-CPU cache of the running CPU, into `{c}` (whose low 32 bits held the CPU
     /// number): `base + cpu * 64`. Jumps to the end (fails) if the CPU number is not below
     /// `ncpu` (an unregistered area reads as CPU `u32::MAX`). The array's fields are read
@@ -415,7 +436,7 @@ mod imp {
         // outputs (never inputs modified), the one store is the commit, and nothing
         // calls out; a replay recomputes everything from the inputs.
         unsafe {
-            core::arch::asm!(
+            rseq_asm!(
                 sequence!(
                     "xor {out:e}, {out:e}",
                     this_cpu!(),
@@ -438,9 +459,6 @@ mod imp {
                 l = out(reg) _,
                 t = out(reg) _,
                 aborts = sym ABORTS,
-                #[cfg(test)] d = out(reg) _,
-                #[cfg(test)] delay = sym INJECT_DELAY,
-                options(nostack),
             );
         }
         out
@@ -457,7 +475,7 @@ mod imp {
         // SAFETY: as in `pop`. The store of `p` into the slot past the length is
         // speculative: until the commit, no one reads that slot.
         unsafe {
-            core::arch::asm!(
+            rseq_asm!(
                 sequence!(
                     "xor {ok:e}, {ok:e}",
                     this_cpu!(),
@@ -481,9 +499,6 @@ mod imp {
                 l = out(reg) _,
                 t = out(reg) _,
                 aborts = sym ABORTS,
-                #[cfg(test)] d = out(reg) _,
-                #[cfg(test)] delay = sym INJECT_DELAY,
-                options(nostack),
             );
         }
         ok != 0
@@ -503,7 +518,7 @@ mod imp {
         let word: u64;
         // SAFETY: as in `pop`.
         unsafe {
-            core::arch::asm!(
+            rseq_asm!(
                 sequence!(
                     "xor {got:e}, {got:e}",
                     "mov {c:e}, dword ptr [{area} + 4]",
@@ -530,9 +545,6 @@ mod imp {
                 n = out(reg) _,
                 t = out(reg) _,
                 aborts = sym ABORTS,
-                #[cfg(test)] d = out(reg) _,
-                #[cfg(test)] delay = sym INJECT_DELAY,
-                options(nostack),
             );
         }
         (got != 0).then(|| ((got - 1) as u32, word))

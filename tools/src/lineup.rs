@@ -5,7 +5,7 @@
 use proxalloc::CacheMode;
 
 use super::contenders::*;
-use super::workloads::{w1, w2, w3, w4, w5, w5_two, Mix, Obj, Object};
+use super::workloads::{w1, w2, w3, w3_new_threads, w4, w4_polled, w5, w5_two, Mix, Obj, Object};
 
 /// The peer suite (`peers`, `peers_interleaved`): every contender but `proxalloc-local`
 /// (whose cache is one thread's), the floor first.
@@ -41,8 +41,13 @@ pub const FAST_PATH: [&str; 6] = [
 pub enum Work {
     W1(u64),
     W2(u64),
+    /// On the two long-lived workers.
     W3(u64),
+    /// On two threads started for each sample.
+    W3New(u64),
     W4(u64),
+    /// W4 with a polled hand-off instead of the blocking channel.
+    W4Polled(u64),
 }
 
 /// One contender, type-erased: runs a workload, returns ns per object (`None` where the
@@ -67,8 +72,10 @@ where
             Work::W1(n) => w1(c, n, O::new),
             Work::W2(n) => w2(c, n, O::new),
             Work::W3(n) => w3(c, n, O::new),
+            Work::W3New(n) => w3_new_threads(c, n, O::new),
             Work::W4(n) if remote => w4(c, n, O::new),
-            Work::W4(_) => return None,
+            Work::W4Polled(n) if remote => w4_polled(c, n, O::new),
+            Work::W4(_) | Work::W4Polled(_) => return None,
         })
     };
     Entry {
@@ -100,7 +107,7 @@ fn object_table<O: Object>() -> [(&'static str, Make); 14] {
             let run = move |w| match w {
                 Work::W1(k) => Some(p.0.with_local(|c| w1(c, k, O::new))),
                 Work::W2(k) => Some(p.0.with_local(|c| w2(c, k, O::new))),
-                Work::W3(_) | Work::W4(_) => None,
+                Work::W3(_) | Work::W3New(_) | Work::W4(_) | Work::W4Polled(_) => None,
             };
             Entry {
                 name: n,

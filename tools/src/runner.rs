@@ -11,13 +11,19 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// A run's command line: `[rounds] [--csv PATH]`, in any order. Other arguments are
-/// ignored: `cargo bench` passes `--bench` to every bench binary.
+/// A run's command line: `[rounds] [--csv PATH] [--only NAME,..] [--tables TEXT,..]`, in
+/// any order. Other arguments are ignored: `cargo bench` passes `--bench` to every bench
+/// binary.
 pub struct Args {
     pub rounds: usize,
     /// Where to write the CSV. A relative path is taken from the workspace's root, not
     /// from the folder cargo runs a bench in (its package's, `tools/`).
     pub csv: Option<PathBuf>,
+    /// `--only`: the contenders to run (all when absent). Fewer cells make shorter rounds,
+    /// so more rounds fit while the machine is quiet; the ratios still come from one run.
+    pub only: Option<Vec<String>>,
+    /// `--tables`: run only the tables whose workload names contain one of these.
+    pub tables: Option<Vec<String>>,
 }
 
 impl Args {
@@ -25,9 +31,18 @@ impl Args {
         let mut args = std::env::args().skip(1);
         let mut rounds = None;
         let mut csv = None;
+        let (mut only, mut tables) = (None, None);
+        let list = |s: Option<String>, flag: &str| -> Option<Vec<String>> {
+            let s = s.unwrap_or_else(|| panic!("{flag} takes a comma-separated list"));
+            Some(s.split(',').map(str::to_owned).collect())
+        };
         while let Some(a) = args.next() {
             if a == "--csv" {
                 csv = Some(workspace_path(args.next().expect("--csv PATH")));
+            } else if a == "--only" {
+                only = list(args.next(), "--only");
+            } else if a == "--tables" {
+                tables = list(args.next(), "--tables");
             } else if rounds.is_none() {
                 rounds = a.parse().ok();
             }
@@ -35,6 +50,8 @@ impl Args {
         Args {
             rounds: rounds.unwrap_or(default_rounds),
             csv,
+            only,
+            tables,
         }
     }
 }
@@ -121,6 +138,9 @@ pub struct Runner<'a> {
     tables: Vec<Table>,
     cells: Vec<Cell<'a>>,
     rounds: usize,
+    /// `Args::only` and `Args::tables`: cells outside them are not added.
+    only: Option<Vec<String>>,
+    tables_wanted: Option<Vec<String>>,
 }
 
 /// A table's identity, for [`Runner::cell`].
@@ -134,7 +154,16 @@ impl<'a> Runner<'a> {
             tables: Vec::new(),
             cells: Vec::new(),
             rounds: 0,
+            only: None,
+            tables_wanted: None,
         }
+    }
+
+    /// Keeps only the contenders and tables the command line names (`--only`,
+    /// `--tables`); call before adding cells.
+    pub fn restrict(&mut self, args: &Args) {
+        self.only.clone_from(&args.only);
+        self.tables_wanted.clone_from(&args.tables);
     }
 
     /// A table for `workload`, its samples in `unit`, summed up by `stat`, with ratios
@@ -163,6 +192,15 @@ impl<'a> Runner<'a> {
         peer: bool,
         run: impl FnMut() -> Option<f64> + 'a,
     ) {
+        let listed = |list: &Option<Vec<String>>, f: &dyn Fn(&String) -> bool| {
+            list.as_ref().is_none_or(|l| l.iter().any(f))
+        };
+        let workload = &self.tables[table.0].workload;
+        if !listed(&self.only, &|n| n == name)
+            || !listed(&self.tables_wanted, &|t| workload.contains(t.as_str()))
+        {
+            return;
+        }
         self.cells.push(Cell {
             table: table.0,
             name,

@@ -8,7 +8,7 @@
 
 use std::alloc::Layout;
 use std::hint::black_box;
-use std::sync::{mpsc, Barrier};
+use std::sync::{mpsc, Barrier, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::arenas::Arena;
@@ -125,9 +125,21 @@ where
     t.elapsed().as_nanos() as f64 / (rounds * BATCH) as f64
 }
 
-/// Runs `work` on two threads started together (at a barrier) and returns the longer of
-/// their two times: the wall time of the pair, thread start and join left out.
+/// Runs `work` on the two long-lived worker threads, started together (at a barrier),
+/// and returns the longer of their two times.
+///
+/// The workers live as long as the process, as a server's do, so a sample measures two
+/// threads in their steady state: what each thread set up on its first use (its cache
+/// of every allocator, or the floor's stacks, which a new thread fills from `malloc`
+/// object by object) is not measured again in every sample. [`on_two_new_threads`]
+/// measures that too.
 pub fn on_two_threads(work: impl Fn() + Sync) -> Duration {
+    on_two_workers(&|_| work())
+}
+
+/// As [`on_two_threads`], on two threads started for this sample (their start and
+/// join left out): each sample includes each thread's first use of the contender.
+pub fn on_two_new_threads(work: impl Fn() + Sync) -> Duration {
     let barrier = Barrier::new(2);
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..2)
@@ -144,7 +156,80 @@ pub fn on_two_threads(work: impl Fn() + Sync) -> Duration {
     })
 }
 
-/// W3: two threads each doing W2 on the same allocator (aggregate ns per object).
+/// A job for a worker: runs, returns its time.
+type Job = Box<dyn FnOnce() -> Duration + Send>;
+
+/// The two long-lived workers: a queue of jobs each, one queue of their results.
+struct Workers {
+    jobs: [mpsc::Sender<Job>; 2],
+    done: mpsc::Receiver<std::thread::Result<Duration>>,
+}
+
+/// The workers, started on first use; one sample at a time holds them.
+fn workers() -> MutexGuard<'static, Workers> {
+    static WORKERS: OnceLock<Mutex<Workers>> = OnceLock::new();
+    let w = WORKERS.get_or_init(|| {
+        let (done_tx, done) = mpsc::channel();
+        let jobs = std::array::from_fn(|_| {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let done_tx = done_tx.clone();
+            std::thread::spawn(move || {
+                for job in rx {
+                    // A panic is reported, not fatal, so the worker (and the sample that
+                    // waits for it) carries on.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                    if done_tx.send(r).is_err() {
+                        return;
+                    }
+                }
+            });
+            tx
+        });
+        Mutex::new(Workers { jobs, done })
+    });
+    // A panic in a sample poisons the lock after both workers are done: still usable.
+    w.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `work(0)` and `work(1)` on the two workers, started together at a barrier;
+/// returns the longer of their two times. A panic in either is resumed here, once both
+/// have ended.
+fn on_two_workers(work: &(dyn Fn(usize) + Sync)) -> Duration {
+    let w = workers();
+    let barrier = Barrier::new(2);
+    let barrier = &barrier;
+    for (i, tx) in w.jobs.iter().enumerate() {
+        let job: Box<dyn FnOnce() -> Duration + Send + '_> = Box::new(move || {
+            barrier.wait();
+            let start = Instant::now();
+            work(i);
+            start.elapsed()
+        });
+        // SAFETY: only the lifetime changes. The job borrows `work` and `barrier`, and
+        // this function neither returns nor unwinds before both workers have reported
+        // that their jobs ended: a failure to hand a job over or to hear back aborts.
+        let job: Job = unsafe { std::mem::transmute(job) };
+        if tx.send(job).is_err() {
+            std::process::abort();
+        }
+    }
+    let mut longest = Duration::ZERO;
+    let mut panic = None;
+    for _ in 0..2 {
+        match w.done.recv() {
+            Ok(Ok(t)) => longest = longest.max(t),
+            Ok(Err(p)) => panic = Some(p),
+            Err(_) => std::process::abort(),
+        }
+    }
+    if let Some(p) = panic {
+        std::panic::resume_unwind(p);
+    }
+    longest
+}
+
+/// W3: two threads each doing W2 on the same allocator (aggregate ns per object), on
+/// the long-lived workers.
 pub fn w3<T, C>(c: &'static C, rounds: u64, make: impl Fn(u64) -> T + Copy + Send + Sync) -> f64
 where
     C: Contender<'static, T> + Sync,
@@ -155,32 +240,106 @@ where
     t.as_nanos() as f64 / (2 * rounds * BATCH) as f64
 }
 
-/// W4: thread A allocates and sends batches of 64 over a bounded channel (capacity 4);
-/// thread B frees them (ns per object).
+/// W3 on two threads started for the sample: each sample includes both threads' first
+/// use of the contender (for a cache, registering and filling it).
+pub fn w3_new_threads<T, C>(
+    c: &'static C,
+    rounds: u64,
+    make: impl Fn(u64) -> T + Copy + Send + Sync,
+) -> f64
+where
+    C: Contender<'static, T> + Sync,
+{
+    let t = on_two_new_threads(|| {
+        w2(c, rounds, make);
+    });
+    t.as_nanos() as f64 / (2 * rounds * BATCH) as f64
+}
+
+/// W4: one worker allocates and sends batches of 64 over a bounded channel (capacity
+/// 4); the other frees them (ns per object).
 pub fn w4<T, C>(c: &'static C, batches: u64, make: impl Fn(u64) -> T + Copy + Send + Sync) -> f64
 where
     C: Contender<'static, T> + Sync,
     C::Handle: Send,
 {
     let (tx, rx) = mpsc::sync_channel::<Vec<C::Handle>>(4);
-    let t = Instant::now();
-    std::thread::scope(|s| {
-        s.spawn(move || {
+    // Each end goes to its worker, which drops it when done (the consumer's loop ends
+    // when the producer's end is dropped).
+    let (tx, rx) = (Mutex::new(Some(tx)), Mutex::new(Some(rx)));
+    let t = on_two_workers(&|i| {
+        if i == 0 {
+            let tx = tx.lock().unwrap().take().expect("one producer");
             for b in 0..batches {
                 tx.send((0..64).map(|i| c.alloc(make(b ^ i))).collect())
                     .unwrap();
             }
-        });
-        s.spawn(move || {
+        } else {
+            let rx = rx.lock().unwrap().take().expect("one consumer");
             for batch in rx {
                 for h in batch {
                     C::touch(&h);
                     c.free(h);
                 }
             }
-        });
+        }
     });
-    t.elapsed().as_nanos() as f64 / (batches * 64) as f64
+    t.as_nanos() as f64 / (batches * 64) as f64
+}
+
+/// W4 without the channel's sleeps: the same batches of 64 between the same two
+/// workers, handed over through a queue of 4 that both ends poll (spinning, then
+/// yielding), so that no thread blocks in the kernel. What is left is the allocator's
+/// cross-thread cost (the objects' memory moving between cores, and for a cache its
+/// exchanges with a shared level) with the queue's own, the same for every contender
+/// (ns per object).
+pub fn w4_polled<T, C>(
+    c: &'static C,
+    batches: u64,
+    make: impl Fn(u64) -> T + Copy + Send + Sync,
+) -> f64
+where
+    C: Contender<'static, T> + Sync,
+    C::Handle: Send,
+{
+    /// Spins a little, then yields, until `f` succeeds.
+    fn poll<R>(mut f: impl FnMut() -> Option<R>) -> R {
+        let mut spins = 0u32;
+        loop {
+            if let Some(r) = f() {
+                return r;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+    let q = crossbeam_queue::ArrayQueue::<Vec<C::Handle>>::new(4);
+    let t = on_two_workers(&|i| {
+        if i == 0 {
+            for b in 0..batches {
+                let mut batch: Vec<C::Handle> = (0..64).map(|i| c.alloc(make(b ^ i))).collect();
+                poll(|| match q.push(std::mem::take(&mut batch)) {
+                    Ok(()) => Some(()),
+                    Err(back) => {
+                        batch = back;
+                        None
+                    }
+                });
+            }
+        } else {
+            for _ in 0..batches {
+                for h in poll(|| q.pop()) {
+                    C::touch(&h);
+                    c.free(h);
+                }
+            }
+        }
+    });
+    t.as_nanos() as f64 / (batches * 64) as f64
 }
 
 /// The allocators of one W5 contender: one per object size of the request mix.

@@ -6,9 +6,9 @@
 //! valgrind --tool=callgrind --callgrind-out-file=/dev/null \
 //!     target/release/suite_profile proxalloc w1 1000000
 //! ```
-//! Arguments: contender name (as in the suite's tables), `w1`, `w2`, `w3`, `w4` (64-byte
-//! objects) or `w5`, and the iteration count (pairs, rounds of 1024, batches of 64, or
-//! requests). Subtract a run with count 0 to get the per-iteration instruction count.
+//! Arguments: contender name (as in the suite's tables), `w1`, `w2`, `w3`, `w3new` (W3
+//! on two threads started for the run), `w4`, `w4polled` (64-byte objects) or `w5`, and the
+//! iteration count (pairs, rounds of 1024, batches of 64, or requests). Subtract a run with count 0 to get the per-iteration instruction count.
 //! With `STATS` in the environment it also prints proxalloc's stats dump at the end.
 
 use proxalloc_tools::lineup::{contender, mix, Work};
@@ -24,6 +24,7 @@ fn main() {
         (m.run)(false, 100);
         let ns = (m.run)(false, n);
         println!("{name} w5: {ns:.2} ns/request");
+        dump_if_asked();
         return;
     }
     let c = contender::<Obj<64>>(&name).expect("contender");
@@ -31,8 +32,10 @@ fn main() {
         "w1" => Work::W1(n),
         "w2" => Work::W2(n),
         "w3" => Work::W3(n),
+        "w3new" => Work::W3New(n),
         "w4" => Work::W4(n),
-        _ => panic!("workload: w1, w2, w3, w4 or w5"),
+        "w4polled" => Work::W4Polled(n),
+        _ => panic!("workload: w1, w2, w3, w3new, w4, w4polled or w5"),
     };
     let warm = match work.as_str() {
         "w1" => Work::W1(1000),
@@ -41,6 +44,11 @@ fn main() {
     (c.run)(warm);
     let ns = (c.run)(w).expect("the workload applies to this contender");
     println!("{name} {work}: {ns:.2} ns/object");
+    dump_if_asked();
+}
+
+/// With `STATS` in the environment, the allocator dump (depot trips, what is cached).
+fn dump_if_asked() {
     if std::env::var_os("STATS").is_some() {
         proxalloc::stats::dump(&mut std::io::stdout()).expect("stdout");
     }
