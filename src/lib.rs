@@ -141,41 +141,6 @@ pub fn thread_cache_budget() -> (usize, usize) {
     (b.used(), b.limit())
 }
 
-/// Internals for the `loom-tests` crate. Not API: present only under `--cfg proxalloc_loom`.
-#[cfg(proxalloc_loom)]
-#[doc(hidden)]
-pub mod __loom {
-    pub use crate::core::backing::Backing;
-    pub use crate::core::depot::{for_each_in_chain, Depot, MagazineStack};
-    pub use crate::core::magazine::{Magazine, MagazineTable, NIL};
-
-    use crate::registry::Registered;
-    use crate::sync::Arc;
-    use crate::{ClassAllocator, Stats};
-
-    /// An allocator as the process-wide registry holds it (`stats::all`, `trim_all`):
-    /// for models of administrators racing owners and the allocator's drop. (Under loom
-    /// the registry itself lists nothing.)
-    pub struct Admin(Arc<crate::core::engine::Engine>);
-
-    impl Admin {
-        /// The registry's view of `a`.
-        pub fn of<T>(a: &ClassAllocator<T>) -> Self {
-            Admin(a.engine_arc())
-        }
-
-        /// What `trim_all` does to this allocator.
-        pub fn trim(&self) -> usize {
-            Registered::trim(&*self.0)
-        }
-
-        /// What `stats::all` reads of this allocator.
-        pub fn stats(&self) -> Option<Stats> {
-            Registered::stats(&*self.0)
-        }
-    }
-}
-
 /// The README's Rust examples, run as doc tests so they stay true.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

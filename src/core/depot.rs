@@ -497,7 +497,7 @@ impl Drop for Depot {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(proxalloc_loom)))]
 mod tests {
     use super::*;
     use std::alloc::Layout;

@@ -328,6 +328,8 @@ impl Engine {
         if want > 0 {
             let got = budget::thread_cache_budget().reserve_up_to(want, self.magazine_bytes);
             c.add_grant(got * self.magazine_bytes);
+            // An administrator may take the grant meanwhile (to zero), never add to it.
+            debug_assert!(c.grant() <= self.max_grant, "a grant beyond max_grant");
         }
     }
 

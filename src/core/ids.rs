@@ -10,10 +10,22 @@ struct FreeIndices {
     free: Vec<u32>,
 }
 
+#[cfg(not(proxalloc_loom))]
 static INDICES: Mutex<FreeIndices> = Mutex::new(FreeIndices {
     next: 0,
     free: Vec::new(),
 });
+
+// Under loom, one per model execution (still not modelled): a model's engines then get
+// the same indices in every execution, whatever other models run meanwhile, so a thread
+// sweeps its caches in the same order each time (loom rejects executions that differ).
+#[cfg(proxalloc_loom)]
+loom::lazy_static! {
+    static ref INDICES: Mutex<FreeIndices> = Mutex::new(FreeIndices {
+        next: 0,
+        free: Vec::new(),
+    });
+}
 static INSTANCES: AtomicU64 = AtomicU64::new(1);
 
 /// Instance number of an unused thread-cache table entry (engines are numbered from 1).

@@ -299,7 +299,7 @@ pub unsafe fn slot(slots: *mut *mut u8, i: usize) -> NonNull<u8> {
     unsafe { NonNull::new_unchecked(*slots.add(i)) }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(proxalloc_loom)))]
 mod tests {
     use super::*;
 

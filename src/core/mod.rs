@@ -25,3 +25,6 @@ pub(crate) mod percpu;
 pub(crate) mod rseq;
 pub(crate) mod table;
 pub(crate) mod thread_cache;
+
+#[cfg(all(test, proxalloc_loom))]
+mod tests;

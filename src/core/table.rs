@@ -21,6 +21,30 @@ const INLINE_CACHES: usize = 16;
 /// rules), so this is a count of operations, not of time.
 pub(crate) const GC_PERIOD: u32 = 256;
 
+/// The idle collector's period: [`GC_PERIOD`], which the loom models may shorten (256
+/// slow paths are far beyond what a model can run).
+#[inline]
+fn gc_period() -> u32 {
+    #[cfg(proxalloc_loom)]
+    return loom_hooks::GC_PERIOD.with(Cell::get);
+    #[cfg(not(proxalloc_loom))]
+    GC_PERIOD
+}
+
+/// Knobs of the loom build that the models turn.
+#[cfg(proxalloc_loom)]
+pub(crate) mod loom_hooks {
+    use std::cell::Cell;
+
+    std::thread_local! {
+        /// The idle collector's period for the model running on this OS thread. A std
+        /// thread-local, not loom's: loom runs all of a model's threads on the OS thread
+        /// that called `loom::model`, so they all see the value, and it is no
+        /// synchronisation for loom to explore.
+        pub(crate) static GC_PERIOD: Cell<u32> = const { Cell::new(super::GC_PERIOD) };
+    }
+}
+
 /// Work left over from a table operation, done once the table and every cache are
 /// consistent and nothing is borrowed: releasing evicted objects (which runs a
 /// recycling allocator's destructors, user code that may re-enter any allocator), and
@@ -444,7 +468,7 @@ fn sweep_when_due(slow_path: bool) {
         let mut idle_pass = false;
         if slow_path {
             let n = t.gc_clock.get() + 1;
-            idle_pass = n >= GC_PERIOD;
+            idle_pass = n >= gc_period();
             t.gc_clock.set(if idle_pass { 0 } else { n });
         }
         let epoch = thread_cache::flush_epoch();
@@ -460,6 +484,12 @@ fn sweep_when_due(slow_path: bool) {
     if let Ok(Some(garbage)) = garbage {
         garbage.release();
     }
+}
+
+/// The flush epoch this thread last swept at, for the loom models' checks.
+#[cfg(all(test, proxalloc_loom))]
+pub(crate) fn seen_epoch() -> u64 {
+    LOCAL.with(|t| t.seen_epoch.get())
 }
 
 /// Retires this thread's cache for `engine` (its magazines go to the depot) and frees

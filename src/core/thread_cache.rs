@@ -9,10 +9,11 @@
 use std::cell::{Cell, UnsafeCell};
 use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::AtomicBool;
 
 use super::magazine::{self, Magazine, NIL};
-use crate::sync::{self, const_fn, AtomicU64, AtomicUsize, Ordering, StatCounter};
+use crate::sync::{
+    self, const_fn, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, StatCounter,
+};
 
 /// Bumped whenever another thread posts flush requests (`trim_all`) or an allocator
 /// shuts down: each thread compares it with the value it last saw on its slow paths,
@@ -153,7 +154,7 @@ pub(crate) struct ThreadCache {
     /// Permits to have objects live, drawn from a capped allocator's shared count (see
     /// `Config::max_live`); the owner takes and returns them, a refused thread takes
     /// them all back (both with read-modify-writes, so none is lost).
-    credits: std::sync::atomic::AtomicU32,
+    credits: AtomicU32,
     /// Live [`Pin`]s: while non-zero the cache must not be retired (owner only).
     pins: Cell<u16>,
     /// How many empties are kept (owner only).
@@ -162,13 +163,44 @@ pub(crate) struct ThreadCache {
     /// demand that was not kept, which the next refill grants the stash room for.
     spills_since_refill: Cell<u16>,
     /// Set by `trim_all` or a dying allocator on another thread: the owner flushes the
-    /// cache at its next slow path. A hint (nothing is published through it), so it is a
-    /// std atomic even under loom.
+    /// cache at its next slow path. Nothing is published through the flag itself (the
+    /// process-wide flush epoch orders it), so it is `Relaxed`.
     flush_request: AtomicBool,
     /// The table that registered this cache (its address), which alone may build an
     /// [`Owner`] for it: checked in debug builds.
     #[cfg(debug_assertions)]
     owner_table: Cell<usize>,
+}
+
+/// What a cache holds (see [`Owner::holdings`]).
+#[cfg(all(test, proxalloc_loom))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Holdings {
+    /// Objects in the loaded magazine, if there is one.
+    pub(crate) loaded: Option<usize>,
+    /// Objects in the previous magazine, if there is one.
+    pub(crate) previous: Option<usize>,
+    /// Magazines in the stash.
+    pub(crate) stash: u32,
+    /// Empty magazines kept for the stash.
+    pub(crate) empties: u16,
+    /// Bytes of the process-wide budget granted to the stash.
+    pub(crate) grant: usize,
+    /// Whether a flush request is pending.
+    pub(crate) flush_requested: bool,
+}
+
+#[cfg(all(test, proxalloc_loom))]
+impl Holdings {
+    /// Whether the cache holds no magazine and no grant (what a flush or the idle
+    /// collector leaves).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.loaded.is_none()
+            && self.previous.is_none()
+            && self.stash == 0
+            && self.empties == 0
+            && self.grant == 0
+    }
 }
 
 /// Packs a stash head.
@@ -204,29 +236,21 @@ impl ThreadCache {
     const_fn! {
         /// An unused cache (`instance` [`EMPTY`](super::ids::EMPTY)) or a fresh one.
         pub(crate) fn new(instance: u64) -> Self {
-            Self::with_stash(
-                instance,
-                AtomicU64::new(stash_head(0, NIL)),
-                AtomicUsize::new(0),
-            )
-        }
-    }
-
-    const fn with_stash(instance: u64, stash: AtomicU64, grant: AtomicUsize) -> Self {
-        ThreadCache {
-            owned: UnsafeCell::new(OwnerPart::empty(instance)),
-            counters: Counters::new(),
-            flush_request: AtomicBool::new(false),
-            pins: Cell::new(0),
-            credits: std::sync::atomic::AtomicU32::new(0),
-            gc_seen: Cell::new(0),
-            stash,
-            grant,
-            empties: Cell::new(ptr::null()),
-            empty_count: Cell::new(0),
-            spills_since_refill: Cell::new(0),
-            #[cfg(debug_assertions)]
-            owner_table: Cell::new(0),
+            ThreadCache {
+                owned: UnsafeCell::new(OwnerPart::empty(instance)),
+                counters: Counters::new(),
+                flush_request: AtomicBool::new(false),
+                pins: Cell::new(0),
+                credits: AtomicU32::new(0),
+                gc_seen: Cell::new(0),
+                stash: AtomicU64::new(stash_head(0, NIL)),
+                grant: AtomicUsize::new(0),
+                empties: Cell::new(ptr::null()),
+                empty_count: Cell::new(0),
+                spills_since_refill: Cell::new(0),
+                #[cfg(debug_assertions)]
+                owner_table: Cell::new(0),
+            }
         }
     }
 
@@ -462,7 +486,8 @@ impl<'c> Owner<'c> {
         let mut head = self.stash.load(Ordering::Acquire);
         loop {
             let (len, top) = stash_parts(head);
-            if (len as usize + 1) * magazine_bytes > self.grant.load(Ordering::Relaxed) {
+            let grant = self.grant.load(Ordering::Relaxed);
+            if (len as usize + 1) * magazine_bytes > grant {
                 return false;
             }
             mag.next.store(top, Ordering::Relaxed);
@@ -474,7 +499,18 @@ impl<'c> Owner<'c> {
                 Ordering::Release,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return true,
+                Ok(_) => {
+                    // Only the owner pushes, so whatever an administrator took meanwhile,
+                    // the stash is now at most what the grant it was checked against
+                    // covers.
+                    let now = stash_parts(self.stash.load(Ordering::Relaxed)).0;
+                    debug_assert!(
+                        now as usize * magazine_bytes <= grant,
+                        "a stash beyond its grant: {now} magazines of {magazine_bytes} bytes, \
+                         {grant} bytes granted",
+                    );
+                    return true;
+                }
                 Err(now) => head = now,
             }
         }
@@ -541,6 +577,24 @@ impl<'c> Owner<'c> {
     /// The spills since the last refill, resetting the count.
     pub(crate) fn take_spills(self) -> u16 {
         self.spills_since_refill.replace(0)
+    }
+
+    /// What this cache holds, for the loom models' checks (with no reference from its
+    /// owner part live).
+    #[cfg(all(test, proxalloc_loom))]
+    pub(crate) fn holdings(self) -> Holdings {
+        // SAFETY: per the contract; the borrow ends here.
+        let o = unsafe { self.owned() };
+        // SAFETY: a previous magazine is a live descriptor owned by this cache.
+        let previous = o.previous().map(|m| unsafe { m.len() });
+        Holdings {
+            loaded: (!o.loaded.is_null()).then_some(o.len),
+            previous,
+            stash: stash_parts(self.stash.load(Ordering::Relaxed)).0,
+            empties: self.empty_count.get(),
+            grant: self.grant(),
+            flush_requested: self.flush_request.load(Ordering::Relaxed),
+        }
     }
 
     /// Takes a pending flush request.

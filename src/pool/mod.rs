@@ -36,6 +36,9 @@ mod subpool;
 mod vec;
 mod writer;
 
+#[cfg(all(test, proxalloc_loom))]
+mod tests;
+
 use std::alloc::Layout;
 use std::cell::UnsafeCell;
 use std::fmt;

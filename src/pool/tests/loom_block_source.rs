@@ -1,11 +1,11 @@
 //! The pool block source's shared part: its block classes charge one `max_free` budget.
 //! Two threads free blocks of different classes at once; the source never caches more
 //! than `max_free`, and dropping it returns every block (loom's leak check).
-#![cfg(proxalloc_loom)]
 
 use loom::sync::Arc;
 use loom::thread;
-use proxalloc::{BlockSource, BLOCK_CLASSES};
+
+use crate::{BlockSource, BLOCK_CLASSES};
 
 #[test]
 fn two_classes_share_one_max_free() {

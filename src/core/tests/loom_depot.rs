@@ -4,11 +4,12 @@
 //! Each magazine's `len` field doubles as a payload: the owner writes it before every push
 //! and every popper reads it, through loom's `UnsafeCell`, so a push or pop with too weak
 //! an ordering shows up as a causality violation.
-#![cfg(proxalloc_loom)]
 
 use loom::sync::Arc;
 use loom::thread;
-use proxalloc::__loom::{Magazine, MagazineStack, MagazineTable};
+
+use crate::core::depot::{for_each_in_chain, MagazineStack};
+use crate::core::magazine::{Magazine, MagazineTable};
 
 struct Fixture {
     table: MagazineTable,
@@ -149,7 +150,7 @@ fn take_all_races_push() {
         let t = thread::spawn(move || f1.push(held));
         let mut detached = Vec::new();
         if let Some(first) = f.stack.take_all(&f.table) {
-            proxalloc::__loom::for_each_in_chain(&f.table, first, |m| detached.push(m.index));
+            for_each_in_chain(&f.table, first, |m| detached.push(m.index));
         }
         t.join().unwrap();
         detached.extend(f.drain());

@@ -1,35 +1,10 @@
 //! Models of administrators meeting owners: `trim_all` racing an allocator's drop,
-//! `stats` racing a thread that exits, and shutdown racing a thread's exit flush. The
-//! registry is empty under loom, so the models take the registry's view of an
-//! allocator through `__loom::Admin`.
-//!
-//! Object memory comes from `loom::alloc`, so an object never returned fails the model
-//! as a leak, and one returned twice fails it too.
-#![cfg(proxalloc_loom)]
+//! `stats` racing a thread that exits, and shutdown racing a thread's exit flush.
 
 use loom::sync::Arc;
 use loom::thread;
-use proxalloc::__loom::Admin;
-use proxalloc::{ClassAllocator, Config};
 
-type Alloc = ClassAllocator<u64>;
-
-fn allocator(magazine: usize, depot_objects: usize) -> Alloc {
-    let cfg = Config::new()
-        .magazine_size(magazine)
-        .depot_bytes(depot_objects * 8);
-    let a = ClassAllocator::with_config("loom-admin", cfg);
-    a.mode(); // creates the engine before any thread starts (see class_alloc.rs)
-    a
-}
-
-/// Allocates `n` objects and frees them, leaving them in this thread's cache.
-fn churn(a: &Alloc, n: u64) {
-    let v: Vec<_> = (0..n).map(|i| a.alloc(i)).collect();
-    for (i, x) in v.iter().enumerate() {
-        assert_eq!(**x, i as u64, "an object was handed out twice");
-    }
-}
+use super::{allocator, churn, granted, wait_for_exits, Admin};
 
 /// `trim_all` holds the depot's chain (detached, being released) while the allocator is
 /// dropped on another thread: each object is released exactly once.
@@ -64,12 +39,7 @@ fn stats_race_a_thread_that_exits() {
         assert!(second.allocs >= first.allocs, "{first} then {second}");
         assert!(second.frees >= first.frees, "{first} then {second}");
         worker.join().unwrap();
-        let mut waits = 0;
-        while a.stats().threads > 0 {
-            waits += 1;
-            assert!(waits < 50, "the exiting thread's cache was never retired");
-            thread::yield_now();
-        }
+        wait_for_exits(&a);
         let s = a.stats();
         assert_eq!((s.allocs, s.frees, s.live), (2, 2, 0), "{s}");
         assert!(s.is_consistent(), "{s}");
@@ -122,7 +92,7 @@ fn trim_all_takes_a_stash_while_its_owner_uses_it() {
         let s = a.stats();
         assert!(s.is_consistent(), "{s}");
         assert_eq!((s.live, s.cached_in_threads), (0, 0), "{s}");
-        assert_eq!(proxalloc::thread_cache_budget().0, 0, "a grant was kept");
+        assert_eq!(granted(), 0, "a grant was kept");
         drop(admin);
         let Ok(a) = Arc::try_unwrap(a) else {
             panic!("a thread kept the allocator")
