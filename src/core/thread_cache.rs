@@ -203,14 +203,25 @@ impl Holdings {
     }
 }
 
-/// Packs a stash head.
+/// A stash head is `len << 32 | takes << 24 | top`: the stash's length, a count of the
+/// administrators' takes (8 bits, wrapping), and the top magazine's index (24 bits, as
+/// every magazine index). The count makes every take change the head, even of an empty
+/// stash, so an owner's push that read the head before a take cannot succeed after it.
+const TAKES: u64 = 0xff << 24;
+
+/// Packs a stash head (with a take count of zero).
 const fn stash_head(len: u32, top: u32) -> u64 {
     ((len as u64) << 32) | top as u64
 }
 
+/// `head` with its length and top replaced, its take count kept.
+fn stash_next(head: u64, len: u32, top: u32) -> u64 {
+    stash_head(len, top) | (head & TAKES)
+}
+
 /// Unpacks a stash head into `(len, top)`.
 fn stash_parts(head: u64) -> (u32, u32) {
-    ((head >> 32) as u32, head as u32)
+    ((head >> 32) as u32, (head & u64::from(NIL)) as u32)
 }
 
 /// The owner-only part of a [`ThreadCache`].
@@ -334,9 +345,14 @@ impl ThreadCache {
     /// As for [`counters`](Self::counters).
     pub(crate) unsafe fn stash_take(this: *const ThreadCache) -> u32 {
         // SAFETY: per the contract; only the atomic field is borrowed. Acquire pairs
-        // with the owner's Release pushes, so the chain's rounds and links are visible.
-        let old =
-            unsafe { (*ptr::addr_of!((*this).stash)).swap(stash_head(0, NIL), Ordering::AcqRel) };
+        // with the owner's Release pushes, so the chain's rounds and links are visible;
+        // the take count goes up, so a push that read the head before cannot land in
+        // the emptied stash (see `stash_push_within_grant`).
+        let stash = unsafe { &*ptr::addr_of!((*this).stash) };
+        let taken = |head: u64| stash_head(0, NIL) | ((head & TAKES) + (1 << 24)) & TAKES;
+        let old = stash
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |head| Some(taken(head)))
+            .unwrap_or_else(|head| head);
         stash_parts(old).1
     }
 }
@@ -479,9 +495,12 @@ impl<'c> Owner<'c> {
     /// The grant is checked each time the head is read, not once before: an
     /// administrator takes the grant and then the stash (`Engine::seize_stash`), and an
     /// owner whose CAS fails because the stash was taken reads the head again with
-    /// Acquire, which pairs with the taker's swap, so it sees the grant gone too. A check
-    /// made once, before the loop, let the push land in a taken stash with no grant
-    /// behind it (one magazine over, until the owner's next sweep).
+    /// Acquire, which pairs with the taker's update, so it sees the grant gone too. Every
+    /// take changes the head (its take count), even an empty stash's, so the CAS does
+    /// fail after one. With the check made once, before the loop, or with a take that
+    /// left an empty stash's head unchanged, the push could land in a taken stash with no
+    /// grant behind it (one magazine over, until the owner's next sweep: the loom model
+    /// `stash_is_within_its_grant_even_before_the_next_slow_path` found the second).
     pub(crate) fn stash_push_within_grant(self, mag: &Magazine, magazine_bytes: usize) -> bool {
         let mut head = self.stash.load(Ordering::Acquire);
         loop {
@@ -495,7 +514,7 @@ impl<'c> Owner<'c> {
             // administrator that takes the stash (its swap is Acquire).
             match self.stash.compare_exchange_weak(
                 head,
-                stash_head(len + 1, mag.index),
+                stash_next(head, len + 1, mag.index),
                 Ordering::Release,
                 Ordering::Acquire,
             ) {
@@ -530,7 +549,7 @@ impl<'c> Owner<'c> {
             let next = mag.next.load(Ordering::Relaxed);
             match self.stash.compare_exchange_weak(
                 head,
-                stash_head(len - 1, next),
+                stash_next(head, len - 1, next),
                 Ordering::Acquire,
                 Ordering::Acquire,
             ) {
