@@ -367,13 +367,18 @@ pub(crate) unsafe fn free_user_block(
 }
 
 /// Drops the payload of a panic that proxalloc caught and does not pass on. A payload
-/// whose own `Drop` panics is contained too: that second payload is forgotten (it
-/// cannot be dropped without unwinding again), so nothing unwinds out of the caller,
-/// which is in the middle of releasing a batch or running a pool's cleanups.
-pub(crate) fn discard_panic(payload: Box<dyn std::any::Any + Send>) {
-    if let Err(again) = catch_unwind(AssertUnwindSafe(|| drop(payload))) {
-        std::mem::forget(again);
+/// whose own `Drop` panics is contained too: that panic's payload is dropped in turn (a
+/// plain message, as a rule), and only a chain of payloads that keep panicking when
+/// dropped is cut short and forgotten, so nothing unwinds out of the caller, which is in
+/// the middle of releasing a batch or running a pool's cleanups.
+pub(crate) fn discard_panic(mut payload: Box<dyn std::any::Any + Send>) {
+    for _ in 0..8 {
+        match catch_unwind(AssertUnwindSafe(|| drop(payload))) {
+            Ok(()) => return,
+            Err(again) => payload = again,
+        }
     }
+    std::mem::forget(payload);
 }
 
 /// Asks the C allocator to return free memory to the OS after a large release: glibc
