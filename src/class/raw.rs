@@ -35,7 +35,11 @@ impl<T> ClassAllocator<T> {
     #[cold]
     #[inline(never)]
     fn alloc_raw_slow(&self) -> Result<NonNull<T>, AllocError> {
-        let p = cache::alloc(&self.engine_arc()).ok_or(AllocError)?;
+        // A per-CPU allocator's fast path, first (see `Hints::cpu_alloc`).
+        let p = match self.hints.cpu_alloc() {
+            Some(p) => p,
+            None => cache::alloc(&self.engine_arc()).ok_or(AllocError)?,
+        };
         self.on_alloc(p);
         Ok(p.cast())
     }
@@ -93,8 +97,13 @@ impl<T> ClassAllocator<T> {
     #[cold]
     #[inline(never)]
     unsafe fn free_raw_slow(&self, p: NonNull<u8>) {
-        // SAFETY: forwarded from the caller.
-        unsafe { cache::free(&self.engine_arc(), p) }
+        // SAFETY: forwarded from the caller (first a per-CPU allocator's fast path: see
+        // `Hints::cpu_alloc`).
+        unsafe {
+            if !self.hints.cpu_free(p) {
+                cache::free(&self.engine_arc(), p)
+            }
+        }
     }
 }
 

@@ -110,14 +110,7 @@ impl Hints {
     /// caller's value can be built straight into the object.
     #[inline(always)]
     pub(crate) fn alloc(&self) -> Option<NonNull<u8>> {
-        match self.owner() {
-            Some(c) => c.pop(),
-            None => {
-                let cpus = self.cpus()?;
-                // SAFETY: this thread's registered area and the allocator's live caches.
-                NonNull::new(unsafe { rseq::pop(cpus) })
-            }
-        }
+        self.owner()?.pop()
     }
 
     /// The fast path of a free: `p` into this thread's loaded magazine; false (with
@@ -129,11 +122,36 @@ impl Hints {
     pub(crate) unsafe fn free(&self, p: NonNull<u8>) -> bool {
         match self.owner() {
             Some(c) => c.push(p),
-            None => match self.cpus() {
-                // SAFETY: as in `alloc`; `p` as the caller promised.
-                Some(cpus) => unsafe { rseq::push(cpus, p.as_ptr()) },
-                None => false,
-            },
+            None => false,
+        }
+    }
+
+    /// A per-CPU allocator's fast path: an object from this CPU's loaded magazine, or
+    /// `None` (nothing changed; always for other allocators) when [`alloc`] must run.
+    ///
+    /// It is not part of [`alloc`](Self::alloc), which every allocation inlines: the
+    /// front end calls it first thing in its out-of-line slow path. Inlined at every
+    /// allocation site, the sequence made the per-thread fast paths' callers bigger,
+    /// and LLVM then inlined less of them: the harness's W5 request took more
+    /// instructions with per-thread caches (benchmarks.md, "Per-CPU caches").
+    #[inline(always)]
+    pub(crate) fn cpu_alloc(&self) -> Option<NonNull<u8>> {
+        let cpus = self.cpus()?;
+        // SAFETY: this thread's registered area and the allocator's live caches.
+        NonNull::new(unsafe { rseq::pop(cpus) })
+    }
+
+    /// A per-CPU allocator's free fast path (see [`cpu_alloc`](Self::cpu_alloc)): false
+    /// (nothing changed; always for other allocators) when [`free`] must run.
+    ///
+    /// # Safety
+    /// As for [`free`](Self::free).
+    #[inline(always)]
+    pub(crate) unsafe fn cpu_free(&self, p: NonNull<u8>) -> bool {
+        match self.cpus() {
+            // SAFETY: as in `cpu_alloc`; `p` as the caller promised.
+            Some(cpus) => unsafe { rseq::push(cpus, p.as_ptr()) },
+            None => false,
         }
     }
 }

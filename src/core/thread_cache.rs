@@ -351,7 +351,9 @@ impl ThreadCache {
         let stash = unsafe { &*ptr::addr_of!((*this).stash) };
         let taken = |head: u64| stash_head(0, NIL) | ((head & TAKES) + (1 << 24)) & TAKES;
         let old = stash
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |head| Some(taken(head)))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |head| {
+                Some(taken(head))
+            })
             .unwrap_or_else(|head| head);
         stash_parts(old).1
     }
