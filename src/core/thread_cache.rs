@@ -344,11 +344,11 @@ impl ThreadCache {
     /// # Safety
     /// As for [`counters`](Self::counters).
     pub(crate) unsafe fn stash_take(this: *const ThreadCache) -> u32 {
-        // SAFETY: per the contract; only the atomic field is borrowed. Acquire pairs
-        // with the owner's Release pushes, so the chain's rounds and links are visible;
-        // the take count goes up, so a push that read the head before cannot land in
-        // the emptied stash (see `stash_push_within_grant`).
+        // SAFETY: per the contract; only the atomic field is borrowed.
         let stash = unsafe { &*ptr::addr_of!((*this).stash) };
+        // Acquire pairs with the owner's Release pushes, so the chain's rounds and links
+        // are visible; the take count goes up, so a push that read the head before
+        // cannot land in the emptied stash (see `stash_push_within_grant`).
         let taken = |head: u64| stash_head(0, NIL) | ((head & TAKES) + (1 << 24)) & TAKES;
         let old = stash
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |head| {
