@@ -189,7 +189,7 @@ type MakeMix = fn(&'static str) -> MixEntry;
 /// which measure RSS and never use them
 /// (`docs/benchmarks.md#peers-kept-out-of-the-rss-tools`).
 #[inline]
-fn mix_table() -> [(&'static str, MakeMix); 12] {
+fn mix_table() -> [(&'static str, MakeMix); 13] {
     // `$make` builds the allocator for `$n`-byte objects; contenders that serve every
     // size with one value (`leak(SystemBox)`) do not name `$n`, hence the `allow`.
     macro_rules! mix {
@@ -234,6 +234,10 @@ fn mix_table() -> [(&'static str, MakeMix); 12] {
         (
             "proxalloc-percpu",
             mix!(false, |N| Proxalloc::<Obj<N>>::new(CacheMode::PerCpu)),
+        ),
+        (
+            "proxalloc-one-word",
+            mix!(false, |N| ProxallocOneWord::<Obj<N>>::new()),
         ),
         (
             "proxalloc-depot-only",
@@ -287,8 +291,7 @@ pub fn mix(name: &str) -> Option<MixEntry> {
     Some(make(name))
 }
 
-/// The peer suite's W5 contenders, in its order: every one that has a request mix (all
-/// but the one-word handle, whose allocator is one object type's).
+/// The peer suite's W5 contenders, in its order (every one has a request mix).
 #[inline]
 pub fn peer_mixes() -> Vec<MixEntry> {
     PEER_SUITE.iter().filter_map(|n| mix(n)).collect()
@@ -305,10 +308,6 @@ mod tests {
             assert!(contender::<Obj<64>>(n).is_some(), "{n}");
         }
         let mixes: Vec<_> = peer_mixes().iter().map(|m| m.name).collect();
-        let expected: Vec<_> = PEER_SUITE
-            .into_iter()
-            .filter(|n| *n != "proxalloc-one-word")
-            .collect();
-        assert_eq!(mixes, expected);
+        assert_eq!(mixes, PEER_SUITE);
     }
 }
