@@ -38,7 +38,8 @@ enum Mode {
     Random(u32),
 }
 
-/// This thread's plan: candidates are allocations of exactly `layout`.
+/// This thread's plan: candidates are allocations of exactly `layout` (of any layout
+/// where `size` is 0).
 #[derive(Clone, Copy, Debug)]
 struct Plan {
     size: usize,
@@ -77,7 +78,9 @@ fn splitmix64(state: &mut u64) -> u64 {
 fn should_fail(layout: Layout) -> bool {
     PLAN.try_with(|p| {
         let mut plan = p.get();
-        if plan.mode == Mode::Off || layout.size() != plan.size || layout.align() != plan.align {
+        let candidate =
+            plan.size == 0 || (layout.size(), layout.align()) == (plan.size, plan.align);
+        if plan.mode == Mode::Off || !candidate {
             return false;
         }
         plan.seen += 1;
@@ -151,6 +154,11 @@ impl Armed {
         Armed
     }
 
+    /// Failures armed on this thread for allocations of every layout.
+    fn any_layout(mode: Mode) -> Self {
+        Self::new(Layout::new::<()>(), mode, 0)
+    }
+
     /// (candidates seen, failures injected) so far.
     fn counts(&self) -> (u64, u64) {
         let p = PLAN.with(Cell::get);
@@ -170,17 +178,17 @@ impl Drop for Armed {
 static OBJS_MADE: AtomicU64 = AtomicU64::new(0);
 static OBJS_DROPPED: AtomicU64 = AtomicU64::new(0);
 
-/// 192 bytes, 64-aligned.
-#[repr(C, align(64))]
+/// 256 bytes, 128-aligned: no layout of the crate's own (a thread cache is 64-aligned).
+#[repr(C, align(128))]
 struct Obj {
     id: u64,
-    _pad: [u8; 184],
+    _pad: [u8; 248],
 }
 
 impl Obj {
     fn new(id: u64) -> Self {
         OBJS_MADE.fetch_add(1, Ordering::Relaxed);
-        Obj { id, _pad: [0; 184] }
+        Obj { id, _pad: [0; 248] }
     }
 }
 
@@ -249,8 +257,13 @@ fn object_failures_make_try_alloc_return_an_error_and_change_nothing() {
             // SAFETY: `init` is never called: the allocation fails.
             let r = unsafe { a.try_alloc_in_place(|_| unreachable!()) };
             assert_eq!(r.err(), Some(AllocError));
+            a.with_local(|c| {
+                assert_eq!(c.try_alloc(Obj::new(i)).err(), Some(AllocError));
+                let r = c.try_alloc_with(|| unreachable!("init runs only with memory"));
+                assert_eq!(r.err(), Some(AllocError));
+            });
         }
-        assert_eq!(armed.counts(), (30, 30));
+        assert_eq!(armed.counts(), (50, 50));
     }
     // The values given to a failed `try_alloc` were dropped, and nothing was counted.
     assert_eq!(objs_alive(base), 0);
@@ -404,6 +417,97 @@ fn recycling_try_get_fails_without_creating() {
     assert_eq!(r.stats().reserved_bytes(), 0);
 }
 
+/// A thread's first allocation registers its cache (the table's boxes and vectors, the
+/// allocator's cache list): an out-of-memory there must not abort a `try_alloc`. Each
+/// round makes 20 new allocators (so their cache lists must grow, and the thread's table
+/// boxes caches past the inline ones), and fails the Nth allocation of any layout on a
+/// new thread that makes its first `try_alloc` in each, until a round has no Nth
+/// allocation.
+#[test]
+fn out_of_memory_while_registering_a_threads_cache_is_an_error_not_an_abort() {
+    let _s = serial();
+    let base = objs_base();
+    let mut n = 1;
+    loop {
+        let allocators: Vec<_> = (0..20)
+            .map(|_| ClassAllocator::<Obj>::with_config("fault-register", config()))
+            .collect();
+        for a in &allocators {
+            assert_eq!(a.stats().threads, 0); // the engine exists before any failure
+        }
+        let (seen, failed, errors) = std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut held = Vec::with_capacity(allocators.len());
+                let mut values: Vec<_> = (0..allocators.len() as u64).map(Obj::new).collect();
+                let armed = Armed::any_layout(Mode::Nth(n));
+                for a in &allocators {
+                    held.push(a.try_alloc(values.pop().unwrap()));
+                }
+                let (seen, failed) = armed.counts();
+                drop(armed);
+                let errors = held.iter().filter(|r| r.is_err()).count();
+                for (a, r) in allocators.iter().zip(&held) {
+                    // A cache registered, or none (the allocation took the backing
+                    // allocator's path): never half of one.
+                    let s = a.stats();
+                    assert!(s.threads <= 1 && s.is_consistent(), "round {n}: {s}");
+                    assert_eq!(s.live, u64::from(r.is_ok()), "round {n}: {s}");
+                }
+                (seen, failed, errors)
+            })
+            .join()
+            .unwrap()
+        });
+        // Only an object's own allocation may fail a `try_alloc`; a failed registration
+        // falls back to the backing allocator.
+        assert!(
+            errors as u64 <= failed,
+            "round {n}: {errors} errors, {failed} failures"
+        );
+        for a in &allocators {
+            assert_exact(a, 0);
+            assert_eq!(
+                a.stats().threads,
+                0,
+                "round {n}: a cache outlived its thread"
+            );
+        }
+        if seen < n {
+            break;
+        }
+        n += 1;
+    }
+    assert!(
+        n > 40,
+        "only {n} allocations on the path: registration was not exercised"
+    );
+    assert_eq!(objs_alive(base), 0);
+}
+
+/// Without memory at all, a new thread's `try_alloc` (and `with_local`'s) returns an
+/// error.
+#[test]
+fn a_new_thread_without_memory_gets_an_error_from_try_alloc() {
+    let _s = serial();
+    let base = objs_base();
+    let a = ClassAllocator::<Obj>::with_config("fault-register-none", config());
+    drop(a.alloc(Obj::new(0)));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let (v, w) = (Obj::new(1), Obj::new(2));
+            let armed = Armed::any_layout(Mode::From(1));
+            let r = a.try_alloc(v).map(|_| ());
+            let local = a.with_local(|c| c.try_alloc(w).map(|_| ()));
+            let counts = armed.counts();
+            drop(armed);
+            assert_eq!((r, local), (Err(AllocError), Err(AllocError)));
+            assert!(counts.1 >= 2, "{counts:?}");
+        });
+    });
+    assert_exact(&a, 0);
+    assert_eq!(objs_alive(base), 0);
+}
+
 // ---------------------------------------------------------------------------------------
 // Slot arrays
 
@@ -437,8 +541,8 @@ fn random_slot_array_failures_keep_the_books_exact() {
     let a = ClassAllocator::<Obj>::with_config(
         "fault-random-slots",
         config()
-            .depot_bytes(4 * MAG * 192)
-            .thread_cache_growth_bytes(8 * MAG * 192),
+            .depot_bytes(4 * MAG * 256)
+            .thread_cache_growth_bytes(8 * MAG * 256),
     );
     drop(a.alloc(Obj::new(0))); // registers this thread's cache before anything fails
     let mut held = Vec::new();
@@ -714,12 +818,12 @@ fn child_process_entry() {
 fn alloc_failures_abort_with_the_standard_message() {
     let exe = std::env::current_exe().unwrap();
     for (case, bytes) in [
-        ("alloc", 192),
-        ("alloc-with", 192),
-        ("alloc-arc", 192),
-        ("with-local", 192),
+        ("alloc", 256),
+        ("alloc-with", 256),
+        ("alloc-arc", 256),
+        ("with-local", 256),
         ("recycling-get", 96),
-        ("capped-alloc", 192),
+        ("capped-alloc", 256),
         ("pool-alloc", 100),
     ] {
         let out = std::process::Command::new(&exe)

@@ -9,6 +9,7 @@ use super::raw::FreeOnUnwind;
 use super::{ClassAllocator, ClassBox};
 use crate::core::cache::Pinned;
 use crate::core::engine::Engine;
+use crate::error::AllocError;
 
 /// This thread's cache of one allocator, in hand: see [`ClassAllocator::with_local`].
 /// Allocations and frees through it skip the thread-local lookup.
@@ -113,11 +114,53 @@ impl<'a, T> LocalCache<'a, T> {
     #[inline(always)]
     #[must_use = "dropping the handle frees the object at once"]
     pub fn alloc_with(&self, init: impl FnOnce() -> T) -> ClassBox<'a, T> {
-        if self.cache.direct() {
-            return self.alloc.alloc_with(init);
+        match self.try_alloc_with(init) {
+            Ok(h) => h,
+            Err(AllocError) => std::alloc::handle_alloc_error(Layout::new::<T>()),
         }
-        let object = self.cache.alloc(self.engine());
-        let object = object.unwrap_or_else(|| std::alloc::handle_alloc_error(Layout::new::<T>()));
+    }
+
+    /// Allocates an object holding `value`, or returns an error (dropping `value`) if the
+    /// backing allocator fails or a [`Config::max_live`](crate::Config::max_live) cap is
+    /// reached (see [`ClassAllocator::try_alloc`]).
+    ///
+    /// ```
+    /// use proxalloc::{AllocError, ClassAllocator, Config};
+    /// static SEATS: ClassAllocator<u64> =
+    ///     ClassAllocator::with_config("doc-local-try-alloc", Config::new().max_live(1));
+    /// SEATS.with_local(|cache| {
+    ///     let first = cache.try_alloc(1).expect("under the cap");
+    ///     assert_eq!(cache.try_alloc(2).err(), Some(AllocError)); // the cap is reached
+    ///     cache.free(first);
+    ///     assert_eq!(*cache.try_alloc(3).unwrap(), 3);
+    /// });
+    /// ```
+    #[inline(always)]
+    #[must_use = "dropping the result frees the object at once"]
+    pub fn try_alloc(&self, value: T) -> Result<ClassBox<'a, T>, AllocError> {
+        self.try_alloc_with(|| value)
+    }
+
+    /// Allocates an object constructed by `init`, or returns an error without calling
+    /// `init` (see [`try_alloc`](Self::try_alloc)). If `init` panics, the memory goes
+    /// back to the cache and the panic continues.
+    ///
+    /// ```
+    /// use proxalloc::ClassAllocator;
+    /// static NAMES: ClassAllocator<String> = ClassAllocator::new("doc-local-try-alloc-with");
+    /// let len = NAMES.with_local(|cache| {
+    ///     let name = cache.try_alloc_with(|| "proxalloc".to_string()).expect("out of memory");
+    ///     name.len()
+    /// });
+    /// assert_eq!(len, 9);
+    /// ```
+    #[inline(always)]
+    #[must_use = "dropping the result frees the object at once"]
+    pub fn try_alloc_with(&self, init: impl FnOnce() -> T) -> Result<ClassBox<'a, T>, AllocError> {
+        if self.cache.direct() {
+            return self.alloc.try_alloc_with(init);
+        }
+        let object = self.cache.alloc(self.engine()).ok_or(AllocError)?;
         self.alloc.on_alloc(object);
         let object = object.cast::<T>();
         let guard = FreeOnUnwind {
@@ -128,7 +171,7 @@ impl<'a, T> LocalCache<'a, T> {
         unsafe { object.as_ptr().write(init()) };
         std::mem::forget(guard);
         // SAFETY: fresh memory of this allocator, now initialised, owned by nobody else.
-        unsafe { ClassBox::from_raw(self.alloc, object) }
+        Ok(unsafe { ClassBox::from_raw(self.alloc, object) })
     }
 
     /// Drops an object and recycles its memory into this cache.

@@ -257,6 +257,13 @@ impl<T> ClassAllocator<T> {
     /// Allocates an object holding `value`, or returns an error (dropping `value`) if the
     /// backing allocator fails, or if a [`Config::max_live`] cap is reached.
     ///
+    /// A thread's first allocation registers its cache: if the global allocator fails
+    /// there, the object comes straight from the backing allocator (the next slow path
+    /// tries again). Two allocations still abort on failure, as `Box::new` does: the
+    /// allocator's shared state, made once at its first use in the process, and the
+    /// list of magazines a thread hands back when it replaces the cache of an allocator
+    /// that was dropped.
+    ///
     /// ```
     /// use proxalloc::{AllocError, ClassAllocator, Config};
     /// static SEATS: ClassAllocator<u64> =

@@ -22,9 +22,16 @@ use crate::stats::Stats;
 use crate::sync::{self, Ordering};
 
 impl Engine {
-    /// Adds a newly created cache of this thread to the engine's cache list.
-    pub(crate) fn adopt(&self, cache: *const ThreadCache) {
-        sync::lock(&self.cache_list).caches.push(cache);
+    /// Adds a newly created cache of this thread to the engine's cache list; false (and
+    /// nothing added) where the global allocator cannot grow the list.
+    #[must_use]
+    pub(crate) fn adopt(&self, cache: *const ThreadCache) -> bool {
+        let mut list = sync::lock(&self.cache_list);
+        if list.caches.try_reserve(1).is_err() {
+            return false;
+        }
+        list.caches.push(cache);
+        true
     }
 
     /// Thread exit, `release_thread_cache`, or a sweep that found the allocator gone:

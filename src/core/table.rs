@@ -59,6 +59,11 @@ impl Garbage {
         self.items.push((engine, evictions));
     }
 
+    /// Room for one more item, or `None` where the global allocator fails.
+    fn reserve_one(&mut self) -> Option<()> {
+        self.items.try_reserve(1).ok()
+    }
+
     /// Releases everything; returns the number of objects released.
     pub(crate) fn release(self) -> usize {
         let mut released = 0;
@@ -68,6 +73,22 @@ impl Garbage {
         }
         released
     }
+}
+
+/// `Box::into_raw(Box::new(value))`, or `None` where the global allocator fails
+/// (`Box::new` would abort, and registering a cache must not abort a `try_alloc`).
+fn try_box<T>(value: T) -> Option<*mut T> {
+    let layout = std::alloc::Layout::new::<T>();
+    debug_assert!(layout.size() > 0);
+    // SAFETY: `T` (a cache or the table's `Rest`) is not zero-sized.
+    let p = unsafe { std::alloc::alloc(layout) }.cast::<T>();
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: fresh memory, aligned and sized for one `T`; it becomes a `Box<T>`'s
+    // (same global allocator, same layout) when the table frees it.
+    unsafe { p.write(value) };
+    Some(p)
 }
 
 /// A thread's caches, indexed by the dense table index of each allocator it has used.
@@ -222,37 +243,52 @@ impl Table {
             if !arm_exit_hook() {
                 return None;
             }
-            self.rest.set(Box::into_raw(Box::default()));
+            self.rest.set(try_box(Rest::default())?);
         }
         let fast = self.fast();
         let key = self.key();
         // SAFETY: per the contract; nothing in here runs user code.
         unsafe {
             self.with_rest(|rest| {
+                // Every allocation first, where a failure changes nothing: a `try_alloc`
+                // that meets an out-of-memory here goes on without a cache, and
+                // returns an error only if the backing allocator fails too.
                 let index = engine.index() as usize;
                 if rest.owners.len() <= index {
+                    let more = index + 1 - rest.owners.len();
+                    rest.owners.try_reserve(more).ok()?;
                     rest.owners.resize_with(index + 1, || None);
                 }
-                rest.retire(&key, fast, index, garbage);
-                rest.owners[index] = Some(engine.clone());
                 let c = if index < INLINE_CACHES {
                     fast.add(index)
                 } else {
                     if rest.more.len() <= index - INLINE_CACHES {
+                        let more = index - INLINE_CACHES + 1 - rest.more.len();
+                        rest.more.try_reserve(more).ok()?;
                         rest.more.resize(index - INLINE_CACHES + 1, ptr::null_mut());
                     }
                     let entry = &mut rest.more[index - INLINE_CACHES];
                     if entry.is_null() {
-                        *entry = Box::into_raw(Box::new(ThreadCache::new(EMPTY)));
+                        *entry = try_box(ThreadCache::new(EMPTY))?;
                     }
                     *entry
                 };
+                garbage.reserve_one()?;
+                rest.retire(&key, fast, index, garbage);
                 // The old cache is retired: no magazines, and no other thread can reach
                 // it (it left its engine's cache list).
                 (*c).reset(engine.instance(), &key);
-                engine.adopt(c);
-                c
+                if !engine.adopt(c) {
+                    // Out of memory for the cache list: as never registered.
+                    // SAFETY: no other borrow of the owner part is live; the cache is
+                    // in no list, so no other thread reaches it.
+                    Owner::new(&key, c).owned().instance = EMPTY;
+                    return None;
+                }
+                rest.owners[index] = Some(engine.clone());
+                Some(c)
             })
+            .flatten()
         }
     }
 
