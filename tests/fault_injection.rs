@@ -12,6 +12,10 @@
 //! stats stay exact, `max_live` permits are not lost, and trimming returns everything
 //! (ASan's leak check runs this binary too, see `.ci/sanitizers`).
 
+#[path = "common/net_bytes.rs"]
+mod net_bytes;
+
+use net_bytes::NetCounting;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::ptr::NonNull;
@@ -63,8 +67,6 @@ std::thread_local! {
     // `const`-initialised and without destructors: usable inside the global allocator,
     // at any point of the thread's life, without allocating.
     static PLAN: Cell<Plan> = const { Cell::new(OFF) };
-    /// Net bytes this thread allocated while `Some`.
-    static NET: Cell<Option<isize>> = const { Cell::new(None) };
 }
 
 fn splitmix64(state: &mut u64) -> u64 {
@@ -97,44 +99,8 @@ fn should_fail(layout: Layout) -> bool {
     .unwrap_or(false)
 }
 
-fn count(delta: isize) {
-    let _ = NET.try_with(|n| {
-        if let Some(v) = n.get() {
-            n.set(Some(v + delta));
-        }
-    });
-}
-
-struct Faulty;
-
-// SAFETY: forwards to `System`; a failure is a null return, as `GlobalAlloc` allows.
-unsafe impl GlobalAlloc for Faulty {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if should_fail(layout) {
-            return std::ptr::null_mut();
-        }
-        count(layout.size() as isize);
-        // SAFETY: forwarded.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        count(-(layout.size() as isize));
-        // SAFETY: forwarded.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    // Never fails: only `alloc` of the armed layout does (a `Vec` growing in the test
-    // must not fail).
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size as isize - layout.size() as isize);
-        // SAFETY: forwarded.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Faulty = Faulty;
+static GLOBAL: NetCounting = NetCounting { fail: should_fail };
 
 /// Failures armed on this thread until dropped; reports what it saw.
 struct Armed;
@@ -598,12 +564,12 @@ fn failed_slot_array_allocations_do_not_grow_the_magazine_table() {
     let a = ClassAllocator::<Obj>::with_config("fault-slot-indices", config());
     // Registered on this thread, objects in hand; nothing cached.
     let objs: Vec<_> = (0..N).map(|i| a.alloc(Obj::new(i as u64))).collect();
-    NET.with(|n| n.set(Some(0)));
+    net_bytes::start_counting();
     let armed = Armed::new(SLOTS, Mode::From(1), 0);
     drop(objs); // every free asks for a magazine, and is refused its slots
     let (_, failed) = armed.counts();
     drop(armed);
-    let net = NET.with(|n| n.replace(None)).unwrap();
+    let net = net_bytes::stop_counting();
     assert_eq!(failed as usize, N, "one slot array asked for per free");
     // The objects went back to the system; anything beyond them stayed allocated.
     let kept = net + (N * OBJ.size()) as isize;

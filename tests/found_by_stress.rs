@@ -1,55 +1,17 @@
 //! Deterministic reproducers of what the randomized runs (the stress run, fault
 //! injection, the state machine) found, one test each; each failed before its fix.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use proxalloc::{ClassAllocator, ClassBox, Config, Pool, Recycle, RecyclingAllocator};
 
-std::thread_local! {
-    /// Net bytes this thread allocated while `Some`.
-    static NET: Cell<Option<isize>> = const { Cell::new(None) };
-}
+#[path = "common/net_bytes.rs"]
+mod net_bytes;
 
-fn count(delta: isize) {
-    let _ = NET.try_with(|n| {
-        if let Some(v) = n.get() {
-            n.set(Some(v + delta));
-        }
-    });
-}
-
-/// Counts what the measuring thread allocates.
-struct Counting;
-
-// SAFETY: forwards to `System`, only counting.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size() as isize);
-        // SAFETY: forwarded.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        count(-(layout.size() as isize));
-        // SAFETY: forwarded.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size as isize - layout.size() as isize);
-        // SAFETY: forwarded.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use net_bytes::{net_bytes, NetCounting};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// Net bytes `f` left allocated on this thread.
-fn net_bytes(f: impl FnOnce()) -> isize {
-    NET.with(|n| n.set(Some(0)));
-    f();
-    NET.with(|n| n.replace(None)).unwrap()
-}
+static GLOBAL: NetCounting = NetCounting {
+    fail: net_bytes::never,
+};
 
 /// Runs `f` with panics kept off stderr (printing one allocates and caches buffers).
 /// The hook is the process's: one such test at a time, and `f` must not fail.
