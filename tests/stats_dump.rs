@@ -126,3 +126,32 @@ fn trim_all_returns_every_cached_byte_when_nothing_is_live() {
     }
     assert!(released >= 300 * 96 + 300 * 160, "released {released}");
 }
+
+/// A block source's large blocks vary in size, so their row counts blocks; the dump's
+/// reserved bytes for it are the source's own: in pools' hands and cached.
+#[test]
+fn the_dump_shows_the_bytes_of_a_sources_large_blocks() {
+    let source = proxalloc::BlockSource::new(8 << 20);
+    let live = source.alloc(300 << 10).expect("memory");
+    let cached = source.alloc(200 << 10).expect("memory");
+    // SAFETY: the block came from `source` and is not used again.
+    unsafe { source.free(cached) };
+    let b = stats::block_sources();
+    let b = b
+        .iter()
+        .find(|b| b.large_live_blocks == 1 && b.large_cached_blocks == 1);
+    let b = b.expect("this source's stats");
+    let want = b.large_live_bytes + b.large_cached_bytes;
+    assert!(want >= (500 << 10), "{b:?}");
+    let table = stats::table();
+    let row = table
+        .rows
+        .iter()
+        .find(|r| r.name == "pool-blocks-large" && r.reserved_bytes == want as i64);
+    assert!(
+        row.is_some(),
+        "no large-block row with {want} reserved bytes: {table:?}"
+    );
+    // SAFETY: as above.
+    unsafe { source.free(live) };
+}

@@ -199,12 +199,28 @@ const HEADER: [&str; 11] = [
 /// assert_eq!(table.rows.len(), proxalloc::stats::all().len());
 /// ```
 pub fn table() -> Table {
-    Table::new(all().iter().map(Row::of).collect())
+    let sources = crate::registry::all_sources();
+    Table::new(
+        all()
+            .iter()
+            .map(|s| {
+                let mut row = Row::of(s);
+                // A `pool-blocks-large` row counts blocks of many sizes (its object size
+                // is 0): its bytes are its source's.
+                if let Some(b) = sources.iter().find(|b| b.id == s.id) {
+                    let bytes = b.large_live_bytes.saturating_add(b.large_cached_bytes);
+                    row.reserved_bytes = signed(bytes);
+                }
+                row
+            })
+            .collect(),
+    )
 }
 
 /// Every allocator's change since `base`, and the total: [`dump_since`] as data
 /// (allocators created since then count from zero; those dropped since then are left
-/// out).
+/// out). A [`Snapshot`] keeps no bytes of a block source's large blocks, so their
+/// `pool-blocks-large` rows show no change of reserved bytes here ([`table`] shows them).
 ///
 /// ```
 /// use proxalloc::{stats, ClassAllocator};
