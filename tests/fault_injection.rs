@@ -474,6 +474,62 @@ fn a_new_thread_without_memory_gets_an_error_from_try_alloc() {
     assert_eq!(objs_alive(base), 0);
 }
 
+/// A thread whose cache of a dropped allocator is still in its table (no slow path
+/// since the drop) meets an out-of-memory while registering the allocator that reuses
+/// the index: the stale cache is retired into the garbage list, which must not grow
+/// by an aborting push.
+#[test]
+fn out_of_memory_while_replacing_a_stale_cache_is_an_error_not_an_abort() {
+    let _s = serial();
+    let base = objs_base();
+    let mut n = 1;
+    loop {
+        let old = Mutex::new(Some(ClassAllocator::<Obj>::with_config(
+            "fault-stale-old",
+            config(),
+        )));
+        let new = std::sync::OnceLock::new();
+        let barrier = std::sync::Barrier::new(2);
+        let (seen, failed) = std::thread::scope(|s| {
+            let t = s.spawn(|| {
+                {
+                    let g = old.lock().unwrap();
+                    let a = g.as_ref().unwrap();
+                    drop(a.alloc(Obj::new(0)));
+                    a.trim(); // the cache stays registered, and holds nothing
+                }
+                barrier.wait(); // the old allocator is dropped, the new one made
+                barrier.wait();
+                let b: &ClassAllocator<Obj> = new.get().unwrap();
+                let v = Obj::new(1);
+                let armed = Armed::any_layout(Mode::Nth(n));
+                let r = b.try_alloc(v).map(|_| ());
+                let counts = armed.counts();
+                drop(armed);
+                let _ = r;
+                counts
+            });
+            barrier.wait();
+            drop(old.lock().unwrap().take());
+            let b = ClassAllocator::<Obj>::with_config("fault-stale-new", config());
+            assert_eq!(b.stats().threads, 0); // its engine exists (and took the index)
+            let _ = new.set(b);
+            barrier.wait();
+            t.join().unwrap()
+        });
+        let b = new.get().unwrap();
+        assert_exact(b, 0);
+        assert_eq!(b.stats().threads, 0, "round {n}");
+        assert!(failed <= 1);
+        if seen < n {
+            break;
+        }
+        n += 1;
+    }
+    assert!(n > 2, "only {n} allocations on the path");
+    assert_eq!(objs_alive(base), 0);
+}
+
 // ---------------------------------------------------------------------------------------
 // Slot arrays
 

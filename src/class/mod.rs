@@ -259,10 +259,13 @@ impl<T> ClassAllocator<T> {
     ///
     /// A thread's first allocation registers its cache: if the global allocator fails
     /// there, the object comes straight from the backing allocator (the next slow path
-    /// tries again). Two allocations still abort on failure, as `Box::new` does: the
-    /// allocator's shared state, made once at its first use in the process, and the
-    /// list of magazines a thread hands back when it replaces the cache of an allocator
-    /// that was dropped.
+    /// tries again). Some allocations still end the process on failure, as `Box::new`
+    /// does: the allocator's shared state, made once at its first use in the process;
+    /// the list of magazines a thread hands back when it replaces the cache of an
+    /// allocator that was dropped; the C library's record of the thread-exit hook, made
+    /// at a thread's first registration (glibc's `malloc`, which aborts if it fails);
+    /// and, with misuse detection on (debug builds, the `debug-checks` feature), its
+    /// table of live objects.
     ///
     /// ```
     /// use proxalloc::{AllocError, ClassAllocator, Config};

@@ -78,9 +78,9 @@ impl Garbage {
 /// `Box::into_raw(Box::new(value))`, or `None` where the global allocator fails
 /// (`Box::new` would abort, and registering a cache must not abort a `try_alloc`).
 fn try_box<T>(value: T) -> Option<*mut T> {
+    const { assert!(size_of::<T>() > 0) };
     let layout = std::alloc::Layout::new::<T>();
-    debug_assert!(layout.size() > 0);
-    // SAFETY: `T` (a cache or the table's `Rest`) is not zero-sized.
+    // SAFETY: `T` is not zero-sized (checked at compile time above).
     let p = unsafe { std::alloc::alloc(layout) }.cast::<T>();
     if p.is_null() {
         return None;
@@ -273,15 +273,18 @@ impl Table {
                     }
                     *entry
                 };
-                garbage.reserve_one()?;
+                if rest.owners[index].is_some() {
+                    garbage.reserve_one()?; // for the stale cache `retire` hands over
+                }
                 rest.retire(&key, fast, index, garbage);
                 // The old cache is retired: no magazines, and no other thread can reach
                 // it (it left its engine's cache list).
                 (*c).reset(engine.instance(), &key);
                 if !engine.adopt(c) {
                     // Out of memory for the cache list: as never registered.
-                    // SAFETY: no other borrow of the owner part is live; the cache is
-                    // in no list, so no other thread reaches it.
+                    // SAFETY: `c` is this table's live cache, just reset for this
+                    // thread (the witness's requirement); no other borrow of its owner
+                    // part is live, and it is in no list, so no other thread reaches it.
                     Owner::new(&key, c).owned().instance = EMPTY;
                     return None;
                 }
