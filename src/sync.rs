@@ -197,8 +197,14 @@ impl StatCounter {
     /// It runs on the fast paths, so it goes through [`relaxed`] (see there why).
     #[inline(always)]
     pub(crate) fn bump(&self, n: u64) {
-        let v = relaxed::load_u64(&self.0);
-        relaxed::store_u64(&self.0, v.wrapping_add(n));
+        relaxed::add_u64(&self.0, n);
+    }
+
+    /// Adds one (owner only, as [`bump`](Self::bump)): the fast paths' form, whose
+    /// constant needs no register.
+    #[inline(always)]
+    pub(crate) fn bump_one(&self) {
+        relaxed::increment_u64(&self.0);
     }
 
     /// Adds `n` from any thread (a locked add: slow paths only).
@@ -312,6 +318,101 @@ pub(crate) mod relaxed {
     relaxed_access!(load_u32, store_u32, AtomicU32, u32, ":e", ":w");
     relaxed_access!(load_u64, store_u64, AtomicU64, u64, "", "");
 
+    /// A `Relaxed` load, then a `Relaxed` store of the value plus `n`: not an atomic
+    /// add (another writer's store in between would be lost), for counters with one
+    /// writer. On x86-64 one unlocked `add` to memory, whose read and write are each
+    /// single-copy atomic; a load, an add and a store elsewhere.
+    #[inline(always)]
+    pub(crate) fn add_u64(a: &AtomicU64, n: u64) {
+        // SAFETY: an aligned, single-copy-atomic load and store of the atomic's own
+        // memory: a `Relaxed` load and a `Relaxed` store.
+        unsafe {
+            #[cfg(target_arch = "x86_64")]
+            std::arch::asm!(
+                "add qword ptr [{p}], {n}",
+                p = in(reg) a.as_ptr(),
+                n = in(reg) n,
+                options(nostack),
+            );
+            #[cfg(target_arch = "aarch64")]
+            std::arch::asm!(
+                "ldr {t}, [{p}]",
+                "add {t}, {t}, {n}",
+                "str {t}, [{p}]",
+                p = in(reg) a.as_ptr(),
+                n = in(reg) n,
+                t = out(reg) _,
+                options(nostack, preserves_flags),
+            );
+        }
+    }
+
+    /// [`add_u64`] of one.
+    #[inline(always)]
+    pub(crate) fn increment_u64(a: &AtomicU64) {
+        // SAFETY: as in `add_u64`.
+        unsafe {
+            #[cfg(target_arch = "x86_64")]
+            std::arch::asm!(
+                "add qword ptr [{p}], 1",
+                p = in(reg) a.as_ptr(),
+                options(nostack),
+            );
+            #[cfg(target_arch = "aarch64")]
+            std::arch::asm!(
+                "ldr {t}, [{p}]",
+                "add {t}, {t}, #1",
+                "str {t}, [{p}]",
+                p = in(reg) a.as_ptr(),
+                t = out(reg) _,
+                options(nostack, preserves_flags),
+            );
+        }
+    }
+
+    /// `Relaxed` loads of the `AtomicU32` at byte offset `I` and the `AtomicU64` at
+    /// byte offset `N` of `base`, in one block: one base register serves both (two
+    /// separate loads each need their own address computed).
+    ///
+    /// # Safety
+    /// `base + I` and `base + N` are a live `AtomicU32` and `AtomicU64`.
+    #[inline(always)]
+    pub(crate) unsafe fn load_u32_u64<const I: usize, const N: usize>(
+        base: *const u8,
+    ) -> (usize, u64) {
+        // `a` is loaded as 32 bits into a 64-bit register, which zero-extends it: the
+        // caller's index needs no second extension.
+        let (a, b): (usize, u64);
+        // SAFETY: aligned, single-copy-atomic loads of two atomics (the caller's
+        // contract): `Relaxed` loads. `a` is a plain output, so it never shares the
+        // base's register, which the second load still reads.
+        unsafe {
+            #[cfg(target_arch = "x86_64")]
+            std::arch::asm!(
+                "mov {a:e}, dword ptr [{p} + {i}]",
+                "mov {b}, qword ptr [{p} + {n}]",
+                p = in(reg) base,
+                i = const I,
+                n = const N,
+                a = out(reg) a,
+                b = lateout(reg) b,
+                options(nostack, preserves_flags, readonly, pure),
+            );
+            #[cfg(target_arch = "aarch64")]
+            std::arch::asm!(
+                "ldr {a:w}, [{p}, #{i}]",
+                "ldr {b}, [{p}, #{n}]",
+                p = in(reg) base,
+                i = const I,
+                n = const N,
+                a = out(reg) a,
+                b = lateout(reg) b,
+                options(nostack, preserves_flags, readonly, pure),
+            );
+        }
+        (a, b)
+    }
+
     /// A `Relaxed` load of a pointer.
     #[inline(always)]
     pub(crate) fn load_ptr(a: &std::sync::atomic::AtomicPtr<u8>) -> *mut u8 {
@@ -360,6 +461,40 @@ pub(crate) mod relaxed {
 
     relaxed_access!(load_u32, store_u32, AtomicU32, u32);
     relaxed_access!(load_u64, store_u64, AtomicU64, u64);
+
+    /// A `Relaxed` load, then a `Relaxed` store of the value plus `n` (one writer only).
+    #[inline(always)]
+    pub(crate) fn add_u64(a: &AtomicU64, n: u64) {
+        a.store(a.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed)
+    }
+
+    /// `Relaxed` loads of the `AtomicU32` at byte offset `I` and the `AtomicU64` at
+    /// byte offset `N` of `base`.
+    ///
+    /// # Safety
+    /// `base + I` and `base + N` are a live `AtomicU32` and `AtomicU64`.
+    #[inline(always)]
+    pub(crate) unsafe fn load_u32_u64<const I: usize, const N: usize>(
+        base: *const u8,
+    ) -> (usize, u64) {
+        // SAFETY: per the contract.
+        let (a, b) = unsafe {
+            (
+                &*base.add(I).cast::<AtomicU32>(),
+                &*base.add(N).cast::<AtomicU64>(),
+            )
+        };
+        (
+            a.load(Ordering::Relaxed) as usize,
+            b.load(Ordering::Relaxed),
+        )
+    }
+
+    /// [`add_u64`] of one.
+    #[inline(always)]
+    pub(crate) fn increment_u64(a: &AtomicU64) {
+        add_u64(a, 1)
+    }
 
     /// A `Relaxed` load of a pointer.
     #[inline(always)]

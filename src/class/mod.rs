@@ -55,7 +55,12 @@ use crate::sync::{const_fn, Arc, ArcRef, LazyArc};
 ///     escaped = local.alloc(1); // error: `local` does not live long enough
 /// }
 /// ```
+// `repr(C)` with the hints first: the fast paths read them at the allocator's own
+// address, with no offset to add first.
+#[repr(C)]
 pub struct ClassAllocator<T> {
+    /// How the fast paths find this thread's cache without touching the engine.
+    hints: Hints,
     name: &'static str,
     config: Config,
     /// Set for a [`RecyclingAllocator`](crate::RecyclingAllocator)'s inner allocator:
@@ -66,8 +71,6 @@ pub struct ClassAllocator<T> {
     budget: Option<Arc<ByteBudget>>,
     /// The engine, created on first use.
     engine: LazyArc<Engine>,
-    /// How the fast paths find this thread's cache without touching the engine.
-    hints: Hints,
     _type: PhantomData<fn(T) -> T>,
 }
 

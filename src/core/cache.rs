@@ -36,6 +36,7 @@ use crate::sync::{self, const_fn, Arc};
 /// A per-CPU allocator's hints match no thread cache (its index stays unset); they
 /// point at its CPU caches instead, which the fast paths then use.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Hints {
     index: sync::process::AtomicU32,
     instance: sync::process::AtomicU64,
@@ -99,10 +100,13 @@ impl Hints {
     fn owner(&self) -> Option<Owner<'static>> {
         // Not `load(Relaxed)`: see `sync::relaxed` (an atomic here would make every
         // caller's value be built on the stack and copied).
-        table::lookup_fast(
-            sync::relaxed::load_u32(&self.index),
-            sync::relaxed::load_u64(&self.instance),
-        )
+        const INDEX: usize = std::mem::offset_of!(Hints, index);
+        const INSTANCE: usize = std::mem::offset_of!(Hints, instance);
+        // SAFETY: the two fields are `self`'s atomics.
+        let (index, instance) = unsafe {
+            sync::relaxed::load_u32_u64::<INDEX, INSTANCE>(std::ptr::from_ref(self).cast())
+        };
+        table::lookup_fast(index, instance)
     }
 
     /// The fast path of an allocation: an object from this thread's loaded magazine, or

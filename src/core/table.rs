@@ -421,7 +421,7 @@ pub(crate) enum Lookup {
 /// none: [`lookup_fast`], then the boxed caches of higher indices (the slow paths' lookup).
 #[inline]
 pub(crate) fn lookup(index: u32, instance: u64) -> Lookup {
-    if let Some(cache) = lookup_fast(index, instance) {
+    if let Some(cache) = lookup_fast(index as usize, instance) {
         return Lookup::Cache(cache);
     }
     LOCAL
@@ -445,8 +445,7 @@ pub(crate) fn lookup(index: u32, instance: u64) -> Lookup {
 /// The witness it returns is not kept across code that may run user code (see
 /// [`Owner`]); `'static` stands for "until this thread retires the cache".
 #[inline(always)]
-pub(crate) fn lookup_fast(index: u32, instance: u64) -> Option<Owner<'static>> {
-    let index = index as usize;
+pub(crate) fn lookup_fast(index: usize, instance: u64) -> Option<Owner<'static>> {
     if index >= INLINE_CACHES {
         return None;
     }

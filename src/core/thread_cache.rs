@@ -638,7 +638,7 @@ impl<'c> Owner<'c> {
         let object = unsafe { magazine::slot(o.slots, o.len) };
         // After the read: the compiler cannot see through the counter's store, so it
         // would reload `slots` and `len` after it.
-        self.counters.allocs.bump(1);
+        self.counters.allocs.bump_one();
         Some(object)
     }
 
@@ -653,7 +653,7 @@ impl<'c> Owner<'c> {
         // SAFETY: `len < cap`, inside the loaded magazine's slot array.
         unsafe { *o.slots.add(o.len) = object.as_ptr() };
         o.len += 1;
-        self.counters.frees.bump(1);
+        self.counters.frees.bump_one();
         true
     }
 }
