@@ -44,8 +44,9 @@ use crate::sync::{const_fn, Arc, ArcRef, LazyArc};
 /// assert_eq!(REQUESTS.stats().live, 0);
 /// ```
 ///
-/// It can also be an owned value; dropping it returns every object cached anywhere to the
-/// system allocator. Handles borrow their allocator, so none can outlive it:
+/// It can also be an owned value; dropping it returns what the dropping thread and the
+/// depot cache to the system allocator at once, and what other threads cache at each
+/// one's next slow path or exit. Handles borrow their allocator, so none can outlive it:
 ///
 /// ```compile_fail
 /// use proxalloc::{ClassAllocator, ClassBox};
@@ -155,8 +156,10 @@ impl<T> ClassAllocator<T> {
         &self.config
     }
 
-    /// The caching mode in effect (the configured one, unless `PROXALLOC_BYPASS` forced
-    /// [`CacheMode::Bypass`]).
+    /// The caching mode in effect: the configured one, except that `PROXALLOC_BYPASS`
+    /// forces [`CacheMode::Bypass`], and [`CacheMode::PerCpu`] falls back to
+    /// [`CacheMode::ThreadCaches`] where per-CPU caches cannot work (see
+    /// [`Stats::mode`](crate::Stats::mode)).
     ///
     /// ```
     /// use proxalloc::{CacheMode, ClassAllocator, Config, BYPASS_ENV};
@@ -211,9 +214,10 @@ impl<T> ClassAllocator<T> {
 
     /// Allocates an object holding `value`.
     ///
-    /// # Panics
-    /// If the backing allocator fails (see [`try_alloc`](Self::try_alloc)), through
-    /// [`std::alloc::handle_alloc_error`].
+    /// # Aborts
+    /// If the backing allocator fails or a [`Config::max_live`] cap is reached (see
+    /// [`try_alloc`](Self::try_alloc)): through [`std::alloc::handle_alloc_error`], which
+    /// aborts the process by default.
     ///
     /// ```
     /// use proxalloc::ClassAllocator;
@@ -262,13 +266,14 @@ impl<T> ClassAllocator<T> {
     ///
     /// A thread's first allocation registers its cache: if the global allocator fails
     /// there, the object comes straight from the backing allocator (the next slow path
-    /// tries again). Some allocations still end the process on failure, as `Box::new`
-    /// does: the allocator's shared state, made once at its first use in the process;
-    /// the list of magazines a thread hands back when it replaces the cache of an
-    /// allocator that was dropped; the C library's record of the thread-exit hook, made
-    /// at a thread's first registration (glibc's `malloc`, which aborts if it fails);
-    /// and, with misuse detection on (debug builds, the `debug-checks` feature), its
-    /// table of live objects.
+    /// tries again). The crate's other bookkeeping still ends the process on failure, as
+    /// `Box::new` does: the allocator's shared state, made once at its first use in the
+    /// process; the lists of magazines a slow path hands back when it retires or flushes
+    /// caches (a dropped allocator's, or after `trim_all`, or the idle collector's);
+    /// the C library's record of the thread-exit hook, made at a thread's first
+    /// registration (glibc's `malloc`, which aborts if it fails); and, with misuse
+    /// detection on (debug builds, the `debug-checks` feature), its table of live
+    /// objects.
     ///
     /// ```
     /// use proxalloc::{AllocError, ClassAllocator, Config};
@@ -294,7 +299,7 @@ impl<T> ClassAllocator<T> {
     }
 
     /// Allocates an object constructed by `init`, or returns an error without calling
-    /// `init` if the backing allocator fails.
+    /// `init` if the backing allocator fails or a [`Config::max_live`] cap is reached.
     ///
     /// ```
     /// use proxalloc::ClassAllocator;

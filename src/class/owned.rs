@@ -56,8 +56,9 @@ impl<T> ClassAllocator<T> {
     /// Allocates an object holding `value`, owned through a clone of this `Arc` (see
     /// [`Owned`]).
     ///
-    /// # Panics
-    /// If the backing allocator fails, through [`std::alloc::handle_alloc_error`].
+    /// # Aborts
+    /// If the backing allocator fails or a [`Config::max_live`](crate::Config::max_live)
+    /// cap is reached, through [`std::alloc::handle_alloc_error`].
     ///
     /// ```
     /// use std::sync::Arc;

@@ -51,8 +51,9 @@ pub unsafe trait StaticClass: Sized + 'static {
 
     /// Allocates an object holding `value`, with a one-word handle.
     ///
-    /// # Panics
-    /// If the backing allocator fails, through [`std::alloc::handle_alloc_error`].
+    /// # Aborts
+    /// If the backing allocator fails or a [`Config::max_live`](crate::Config::max_live)
+    /// cap is reached, through [`std::alloc::handle_alloc_error`].
     ///
     /// ```
     /// use proxalloc::{static_class, StaticClass, Thin};
@@ -67,7 +68,8 @@ pub unsafe trait StaticClass: Sized + 'static {
     }
 
     /// Like [`alloc`](Self::alloc), but returns an error (dropping `value`) if the
-    /// backing allocator fails.
+    /// backing allocator fails or a [`Config::max_live`](crate::Config::max_live) cap is
+    /// reached.
     ///
     /// ```
     /// use proxalloc::{static_class, AllocError, Config, StaticClass};
