@@ -61,6 +61,10 @@ impl<T> ClassAllocator<T> {
     /// static A: ClassAllocator<u8> = ClassAllocator::new("a");
     /// A.with_local(|outer| A.with_local(|inner| std::mem::swap(outer, inner)));
     /// ```
+    ///
+    /// # Panics
+    /// If calls for one allocator nest more than 65,535 deep on one thread (the count of
+    /// pins on its cache is 16 bits).
     pub fn with_local<'a, R>(&'a self, f: impl FnOnce(&LocalCache<'a, T>) -> R) -> R {
         // Pinned, so `release_thread_cache` (called from `f`) flushes the cache instead
         // of retiring it; unpinned on the way out, where flush requests are honoured.
