@@ -74,6 +74,7 @@ const _: () = {
 
 /// What a sequence works on: the calling thread's rseq area and an allocator's array.
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // read by the x86-64 sequences
 pub(crate) struct Cpus {
     pub(crate) area: *mut u8,
     pub(crate) array: *const CpuArray,
@@ -561,6 +562,7 @@ mod imp {
 )))]
 mod imp {
     /// See the Linux version.
+    #[allow(dead_code)] // the same items on every platform; not all are used everywhere
     pub(crate) const PERCPU_ENV: &str = "PROXALLOC_PERCPU";
 
     /// Never, here.
@@ -572,6 +574,7 @@ mod imp {
     pub(crate) fn fence_cpu(_cpu: u32) {}
 
     /// None here.
+    #[allow(dead_code)] // as `PERCPU_ENV`
     pub(crate) fn aborts() -> u64 {
         0
     }
