@@ -267,6 +267,10 @@ pub(crate) mod relaxed {
         (store, $x86:literal, $arm:literal) => {
             concat!("mov [{p}], {v", $x86, "}")
         };
+        // A 32-bit load into `a` at `p + i` and a 64-bit load into `b` at `p + n`.
+        (load_pair) => {
+            "mov {a:e}, dword ptr [{p} + {i}]\nmov {b}, qword ptr [{p} + {n}]"
+        };
     }
     #[cfg(target_arch = "aarch64")]
     macro_rules! insn {
@@ -275,6 +279,9 @@ pub(crate) mod relaxed {
         };
         (store, $x86:literal, $arm:literal) => {
             concat!("str {v", $arm, "}, [{p}]")
+        };
+        (load_pair) => {
+            "ldr {a:w}, [{p}, #{i}]\nldr {b}, [{p}, #{n}]"
         };
     }
 
@@ -387,29 +394,16 @@ pub(crate) mod relaxed {
         // contract): `Relaxed` loads. `a` is a plain output, so it never shares the
         // base's register, which the second load still reads.
         unsafe {
-            #[cfg(target_arch = "x86_64")]
             std::arch::asm!(
-                "mov {a:e}, dword ptr [{p} + {i}]",
-                "mov {b}, qword ptr [{p} + {n}]",
+                insn!(load_pair),
                 p = in(reg) base,
                 i = const I,
                 n = const N,
                 a = out(reg) a,
                 b = lateout(reg) b,
                 options(nostack, preserves_flags, readonly, pure),
-            );
-            #[cfg(target_arch = "aarch64")]
-            std::arch::asm!(
-                "ldr {a:w}, [{p}, #{i}]",
-                "ldr {b}, [{p}, #{n}]",
-                p = in(reg) base,
-                i = const I,
-                n = const N,
-                a = out(reg) a,
-                b = lateout(reg) b,
-                options(nostack, preserves_flags, readonly, pure),
-            );
-        }
+            )
+        };
         (a, b)
     }
 
