@@ -537,12 +537,46 @@ mod tests {
                     last = now;
                 }
             });
-            for _ in 0..BUMPS {
-                c.bump(1);
+            for i in 0..BUMPS {
+                if i % 2 == 0 {
+                    c.bump(1);
+                } else {
+                    c.bump_one();
+                }
             }
             done.store(true, Ordering::Release);
         });
         assert_eq!(c.get(), BUMPS);
+        c.bump(u64::MAX); // wraps, as an atomic add would
+        assert_eq!(c.get(), BUMPS - 1);
+    }
+
+    /// The paired load reads each field at its offset, whole, with the 32-bit one
+    /// zero-extended (a garbage upper half would make every index miss the table).
+    #[test]
+    fn the_paired_load_reads_both_fields_at_their_offsets() {
+        #[repr(C)]
+        struct Pair {
+            before: AtomicU32,
+            small: AtomicU32,
+            big: AtomicU64,
+        }
+        const SMALL: usize = std::mem::offset_of!(Pair, small);
+        const BIG: usize = std::mem::offset_of!(Pair, big);
+        let p = Pair {
+            before: AtomicU32::new(u32::MAX),
+            small: AtomicU32::new(0x8000_0001),
+            big: AtomicU64::new(0xfedc_ba98_7654_3210),
+        };
+        let read = || {
+            // SAFETY: the offsets of `p`'s two atomics.
+            unsafe { relaxed::load_u32_u64::<SMALL, BIG>(std::ptr::from_ref(&p).cast()) }
+        };
+        assert_eq!(read(), (0x8000_0001, 0xfedc_ba98_7654_3210));
+        p.small.store(7, Ordering::Relaxed);
+        p.big.store(u64::MAX, Ordering::Relaxed);
+        assert_eq!(read(), (7, u64::MAX));
+        assert_eq!(p.before.load(Ordering::Relaxed), u32::MAX);
     }
 }
 

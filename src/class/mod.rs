@@ -456,3 +456,39 @@ impl<T> fmt::Debug for ClassAllocator<T> {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(all(test, not(proxalloc_loom)))]
+mod tests {
+    use super::ClassAllocator;
+
+    /// The fast paths find the cache through the hints alone: once set, they read as the
+    /// engine's own numbers (a wrong offset or a dirty upper half would send every
+    /// operation to the slow path, which no other test notices).
+    #[test]
+    fn the_fast_paths_read_the_engines_numbers_from_the_hints() {
+        // Three live allocators have three indices, so one of them is not 0 (a field read
+        // at the wrong offset could read 0 by chance).
+        let all: Vec<_> = (0..3)
+            .map(|_| ClassAllocator::<u64>::new("hints-read"))
+            .collect();
+        for a in &all {
+            drop(a.alloc(1));
+        }
+        let a = all.iter().max_by_key(|a| a.engine().index()).unwrap();
+        let e = a.engine();
+        assert!(e.index() > 0);
+        assert_eq!(
+            a.hints.index_and_instance(),
+            (e.index() as usize, e.instance())
+        );
+        // Where the index is inline, the fast path serves this thread from its cache.
+        if (e.index() as usize) < crate::core::table::INLINE_CACHES {
+            let p = a
+                .hints
+                .alloc()
+                .expect("the object just freed, from the fast path");
+            // SAFETY: the object was just taken from this allocator and is unused.
+            assert!(unsafe { a.hints.free(p) }, "freed through the fast path");
+        }
+    }
+}

@@ -98,15 +98,19 @@ impl Hints {
     /// This thread's inline cache, if it has one (see [`table::lookup_fast`]).
     #[inline(always)]
     fn owner(&self) -> Option<Owner<'static>> {
+        let (index, instance) = self.index_and_instance();
+        table::lookup_fast(index, instance)
+    }
+
+    /// The table-index and instance hints, read as the fast paths read them.
+    #[inline(always)]
+    pub(crate) fn index_and_instance(&self) -> (usize, u64) {
         // Not `load(Relaxed)`: see `sync::relaxed` (an atomic here would make every
         // caller's value be built on the stack and copied).
         const INDEX: usize = std::mem::offset_of!(Hints, index);
         const INSTANCE: usize = std::mem::offset_of!(Hints, instance);
         // SAFETY: the two fields are `self`'s atomics.
-        let (index, instance) = unsafe {
-            sync::relaxed::load_u32_u64::<INDEX, INSTANCE>(std::ptr::from_ref(self).cast())
-        };
-        table::lookup_fast(index, instance)
+        unsafe { sync::relaxed::load_u32_u64::<INDEX, INSTANCE>(std::ptr::from_ref(self).cast()) }
     }
 
     /// The fast path of an allocation: an object from this thread's loaded magazine, or
@@ -486,5 +490,17 @@ impl Registered for Engine {
     /// `trim_all`: [`trim`], in bytes.
     fn trim(&self) -> usize {
         trim(self) * self.backing().object_size()
+    }
+}
+
+#[cfg(all(test, not(proxalloc_loom)))]
+mod tests {
+    use super::Hints;
+
+    /// Unset hints read as an index past the table and an instance no engine has.
+    #[test]
+    fn unset_hints_match_no_cache() {
+        let unset = Hints::unset();
+        assert_eq!(unset.index_and_instance(), (u32::MAX as usize, u64::MAX));
     }
 }

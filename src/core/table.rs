@@ -14,7 +14,7 @@ use crate::sync::{self, Arc};
 /// thread-local block (`INLINE_CACHES * size_of::<ThreadCache>()` bytes per thread), so the
 /// fast paths reach it with no pointer chase; higher indices use boxed caches found
 /// through a vector (a cold path).
-const INLINE_CACHES: usize = 16;
+pub(crate) const INLINE_CACHES: usize = 16;
 
 /// Slow-path entries on a thread between two runs of its idle collector. Each slow path
 /// stands for at least a magazine's worth of operations on one cache (see the exchange
