@@ -197,7 +197,10 @@ impl StatCounter {
     /// It runs on the fast paths, so it goes through [`relaxed`] (see there why).
     #[inline(always)]
     pub(crate) fn bump(&self, n: u64) {
-        relaxed::add_u64(&self.0, n);
+        self.0.store(
+            self.0.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
     }
 
     /// Adds one (owner only, as [`bump`](Self::bump)): the fast paths' form, whose
@@ -255,17 +258,14 @@ impl StatCounter {
     not(proxalloc_loom)
 ))]
 pub(crate) mod relaxed {
-    use std::sync::atomic::{AtomicU32, AtomicU64};
+    use std::sync::atomic::AtomicU64;
 
-    /// The instruction: `mov` on x86-64, `ldr`/`str` on AArch64. The literals are the
-    /// register-width modifiers of each (`:e` / `:w` for 32 bits, none for 64).
+    /// The instructions: `mov` on x86-64, `ldr` on AArch64.
     #[cfg(target_arch = "x86_64")]
     macro_rules! insn {
-        (load, $x86:literal, $arm:literal) => {
-            concat!("mov {v", $x86, "}, [{p}]")
-        };
-        (store, $x86:literal, $arm:literal) => {
-            concat!("mov [{p}], {v", $x86, "}")
+        // A 64-bit load into `v` at `p`.
+        (load) => {
+            "mov {v}, [{p}]"
         };
         // A 32-bit load into `a` at `p + i` and a 64-bit load into `b` at `p + n`.
         (load_pair) => {
@@ -274,90 +274,22 @@ pub(crate) mod relaxed {
     }
     #[cfg(target_arch = "aarch64")]
     macro_rules! insn {
-        (load, $x86:literal, $arm:literal) => {
-            concat!("ldr {v", $arm, "}, [{p}]")
-        };
-        (store, $x86:literal, $arm:literal) => {
-            concat!("str {v", $arm, "}, [{p}]")
+        (load) => {
+            "ldr {v}, [{p}]"
         };
         (load_pair) => {
             "ldr {a:w}, [{p}, #{i}]\nldr {b}, [{p}, #{n}]"
         };
     }
 
-    macro_rules! relaxed_access {
-        ($load:ident, $store:ident, $atomic:ty, $int:ty, $x86:literal, $arm:literal) => {
-            /// A `Relaxed` load.
-            #[inline(always)]
-            #[allow(dead_code)]
-            pub(crate) fn $load(a: &$atomic) -> $int {
-                let v: $int;
-                // An atomic has its integer's size and alignment.
-                // SAFETY: an aligned, single-copy-atomic load: a `Relaxed` load.
-                unsafe {
-                    std::arch::asm!(
-                        insn!(load, $x86, $arm),
-                        p = in(reg) a.as_ptr(),
-                        v = lateout(reg) v,
-                        options(nostack, preserves_flags, readonly, pure),
-                    )
-                };
-                v
-            }
-
-            /// A `Relaxed` store.
-            #[inline(always)]
-            #[allow(dead_code)]
-            pub(crate) fn $store(a: &$atomic, v: $int) {
-                // SAFETY: an aligned, single-copy-atomic store: a `Relaxed` store.
-                unsafe {
-                    std::arch::asm!(
-                        insn!(store, $x86, $arm),
-                        p = in(reg) a.as_ptr(),
-                        v = in(reg) v,
-                        options(nostack, preserves_flags),
-                    )
-                };
-            }
-        };
-    }
-
-    relaxed_access!(load_u32, store_u32, AtomicU32, u32, ":e", ":w");
-    relaxed_access!(load_u64, store_u64, AtomicU64, u64, "", "");
-
-    /// A `Relaxed` load, then a `Relaxed` store of the value plus `n`: not an atomic
-    /// add (another writer's store in between would be lost), for counters with one
-    /// writer. On x86-64 one unlocked `add` to memory, whose read and write are each
-    /// single-copy atomic; a load, an add and a store elsewhere.
-    #[inline(always)]
-    pub(crate) fn add_u64(a: &AtomicU64, n: u64) {
-        // SAFETY: an aligned, single-copy-atomic load and store of the atomic's own
-        // memory: a `Relaxed` load and a `Relaxed` store.
-        unsafe {
-            #[cfg(target_arch = "x86_64")]
-            std::arch::asm!(
-                "add qword ptr [{p}], {n}",
-                p = in(reg) a.as_ptr(),
-                n = in(reg) n,
-                options(nostack),
-            );
-            #[cfg(target_arch = "aarch64")]
-            std::arch::asm!(
-                "ldr {t}, [{p}]",
-                "add {t}, {t}, {n}",
-                "str {t}, [{p}]",
-                p = in(reg) a.as_ptr(),
-                n = in(reg) n,
-                t = out(reg) _,
-                options(nostack, preserves_flags),
-            );
-        }
-    }
-
-    /// [`add_u64`] of one.
+    /// A `Relaxed` load, then a `Relaxed` store of the value plus one: not an atomic
+    /// increment (another writer's store in between would be lost), for counters with
+    /// one writer. On x86-64 one unlocked `add` to memory, whose read and write are each
+    /// single-copy atomic; a load, an add and a store on AArch64.
     #[inline(always)]
     pub(crate) fn increment_u64(a: &AtomicU64) {
-        // SAFETY: as in `add_u64`.
+        // SAFETY: an aligned, single-copy-atomic load and store of the atomic's own
+        // memory: a `Relaxed` load and a `Relaxed` store.
         unsafe {
             #[cfg(target_arch = "x86_64")]
             std::arch::asm!(
@@ -415,7 +347,7 @@ pub(crate) mod relaxed {
         // the provenance it was stored with, as an atomic load's would).
         unsafe {
             std::arch::asm!(
-                insn!(load, "", ""),
+                insn!(load),
                 p = in(reg) a.as_ptr(),
                 v = lateout(reg) v,
                 options(nostack, preserves_flags, readonly, pure),
@@ -434,33 +366,6 @@ pub(crate) mod relaxed {
 )))]
 pub(crate) mod relaxed {
     use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-
-    macro_rules! relaxed_access {
-        ($load:ident, $store:ident, $atomic:ty, $int:ty) => {
-            /// A `Relaxed` load.
-            #[inline(always)]
-            #[allow(dead_code)]
-            pub(crate) fn $load(a: &$atomic) -> $int {
-                a.load(Ordering::Relaxed)
-            }
-
-            /// A `Relaxed` store.
-            #[inline(always)]
-            #[allow(dead_code)]
-            pub(crate) fn $store(a: &$atomic, v: $int) {
-                a.store(v, Ordering::Relaxed)
-            }
-        };
-    }
-
-    relaxed_access!(load_u32, store_u32, AtomicU32, u32);
-    relaxed_access!(load_u64, store_u64, AtomicU64, u64);
-
-    /// A `Relaxed` load, then a `Relaxed` store of the value plus `n` (one writer only).
-    #[inline(always)]
-    pub(crate) fn add_u64(a: &AtomicU64, n: u64) {
-        a.store(a.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed)
-    }
 
     /// `Relaxed` loads of the `AtomicU32` at byte offset `I` and the `AtomicU64` at
     /// byte offset `N` of `base`.
@@ -484,10 +389,10 @@ pub(crate) mod relaxed {
         )
     }
 
-    /// [`add_u64`] of one.
+    /// A `Relaxed` load, then a `Relaxed` store of the value plus one (one writer only).
     #[inline(always)]
     pub(crate) fn increment_u64(a: &AtomicU64) {
-        add_u64(a, 1)
+        a.store(a.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed)
     }
 
     /// A `Relaxed` load of a pointer.
@@ -506,19 +411,20 @@ pub(crate) mod process {
 #[cfg(all(test, not(proxalloc_loom)))]
 mod tests {
     use super::{relaxed, StatCounter};
-    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
     #[test]
     fn relaxed_accesses_see_and_are_seen_by_atomics() {
-        let a = AtomicU64::new(0);
-        relaxed::store_u64(&a, 0x0123_4567_89ab_cdef);
-        assert_eq!(a.load(Ordering::Relaxed), 0x0123_4567_89ab_cdef);
-        a.store(u64::MAX - 1, Ordering::Relaxed);
-        assert_eq!(relaxed::load_u64(&a), u64::MAX - 1);
-        let b = AtomicU32::new(7);
-        assert_eq!(relaxed::load_u32(&b), 7);
-        relaxed::store_u32(&b, u32::MAX);
-        assert_eq!(b.load(Ordering::Relaxed), u32::MAX);
+        let a = AtomicU64::new(u64::MAX - 1);
+        relaxed::increment_u64(&a);
+        assert_eq!(a.load(Ordering::Relaxed), u64::MAX);
+        relaxed::increment_u64(&a); // wraps
+        assert_eq!(a.load(Ordering::Relaxed), 0);
+        let mut x = 7u8;
+        let p = AtomicPtr::new(std::ptr::null_mut());
+        assert!(relaxed::load_ptr(&p).is_null());
+        p.store(&mut x, Ordering::Relaxed);
+        assert_eq!(relaxed::load_ptr(&p), &raw mut x);
     }
 
     /// The owner bumps through the assembly path while another thread reads: the reader
