@@ -451,7 +451,8 @@ pub(crate) fn release_thread_cache(e: &Engine) -> usize {
 pub(crate) fn trim(e: &Engine) -> usize {
     // Every CPU's magazines first (to the depot, whose trim below releases them).
     let from_cpus = match e.percpu() {
-        Some(pc) if e.is_alive() => e.release(e.cpu_reclaim(pc)),
+        // `cpu_reclaim` checks liveness itself, under the cache-list lock.
+        Some(pc) => e.release(e.cpu_reclaim(pc)),
         _ => 0,
     };
     let Some(mut released) = e.trim_stashes() else {

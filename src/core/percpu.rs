@@ -331,13 +331,9 @@ impl Engine {
     pub(crate) fn cpu_alloc(&self, pc: &PerCpu, area: *mut u8) -> Option<NonNull<u8>> {
         debug_assert!(ptr::eq(pc, self.percpu.as_ref().unwrap()));
         let cpus = pc.cpus(area);
+        // No second try of the fast path's sequence, which has just failed (or did not
+        // run, the area not set up yet): the detached cache below is popped first.
         // SAFETY: this thread's registered area; `pc` is this engine's caches.
-        let p = unsafe { rseq::pop(cpus) };
-        if !p.is_null() {
-            // The fast path missed only because this thread's area was not set up yet.
-            return NonNull::new(p);
-        }
-        // SAFETY: as above.
         let (cpu, word) = unsafe { rseq::detach(cpus) }?;
         // SAFETY: detached by this thread; the magazines are this engine's.
         let mut h = unsafe { Held::new(&pc.caches[cpu as usize], word) };
@@ -358,11 +354,8 @@ impl Engine {
     /// `p` is an object of this engine that nobody uses any more.
     pub(crate) unsafe fn cpu_free(&self, pc: &PerCpu, area: *mut u8, p: NonNull<u8>) -> bool {
         let cpus = pc.cpus(area);
+        // As in `cpu_alloc`: the detached cache below is pushed to first.
         // SAFETY: this thread's registered area; `pc` is this engine's caches.
-        if unsafe { rseq::push(cpus, p.as_ptr()) } {
-            return true;
-        }
-        // SAFETY: as above.
         let Some((cpu, word)) = (unsafe { rseq::detach(cpus) }) else {
             return false;
         };
