@@ -383,27 +383,19 @@ impl Engine {
     fn take_one(&self, c: Owner<'_>) -> Option<NonNull<u8>> {
         let mag = self.depot.take_full()?;
         c.counters.refills.bump(1);
-        // SAFETY: popped, so owned here; a magazine on the full stack is non-empty.
-        let p = unsafe {
-            mag.with_rounds(|r| {
-                r.len -= 1;
-                magazine::slot(r.slots, r.len)
-            })
-        };
+        // SAFETY: popped, so owned here.
+        let p = unsafe { mag.pop_round() };
+        debug_assert!(p.is_some(), "a magazine on the full stack is never empty");
         self.put_empty(c, mag);
-        Some(p)
+        p
     }
 
     /// Depot-only free: one object into an empty magazine pushed as full.
     fn give_one(&self, c: Owner<'_>, p: NonNull<u8>) -> Option<Evictions> {
         let mag = self.depot.take_empty()?;
         // SAFETY: owned here; an empty magazine with storage has room for one.
-        unsafe {
-            mag.with_rounds(|r| {
-                *r.slots.add(r.len) = p.as_ptr();
-                r.len += 1;
-            });
-        }
+        let pushed = unsafe { mag.push_round(p, self.depot.capacity()) };
+        debug_assert!(pushed);
         let mut evictions = Evictions::default();
         evictions.push(self.put(c, mag));
         Some(evictions)

@@ -72,6 +72,43 @@ impl Magazine {
         self.rounds.with_mut(|r| f(unsafe { &mut *r }))
     }
 
+    /// Takes the top object, if any.
+    ///
+    /// # Safety
+    /// As for [`with_rounds`](Self::with_rounds).
+    #[inline]
+    pub unsafe fn pop_round(&self) -> Option<NonNull<u8>> {
+        // SAFETY: per the contract; `slots[..len]` are objects.
+        unsafe {
+            self.with_rounds(|r| {
+                (r.len > 0).then(|| {
+                    r.len -= 1;
+                    slot(r.slots, r.len)
+                })
+            })
+        }
+    }
+
+    /// Puts `p` on top; false (nothing changed) if `cap` objects are held already.
+    ///
+    /// # Safety
+    /// As for [`with_rounds`](Self::with_rounds); `cap` is at most the slot array's
+    /// length.
+    #[inline]
+    pub unsafe fn push_round(&self, p: NonNull<u8>, cap: usize) -> bool {
+        // SAFETY: per the contract; `len < cap` stays inside the slot array.
+        unsafe {
+            self.with_rounds(|r| {
+                let room = r.len < cap;
+                if room {
+                    *r.slots.add(r.len) = p.as_ptr();
+                    r.len += 1;
+                }
+                room
+            })
+        }
+    }
+
     /// Number of objects held.
     ///
     /// # Safety

@@ -215,15 +215,8 @@ impl<'p> Held<'p> {
     /// Pops the loaded magazine (holder's own operation, counted like a fast path's).
     fn pop(&mut self) -> Option<NonNull<u8>> {
         let m = self.loaded?;
-        // SAFETY: owned by this holder; `slots[..len]` are objects.
-        let p = unsafe {
-            m.with_rounds(|r| {
-                (r.len > 0).then(|| {
-                    r.len -= 1;
-                    super::magazine::slot(r.slots, r.len)
-                })
-            })
-        }?;
+        // SAFETY: owned by this holder.
+        let p = unsafe { m.pop_round() }?;
         self.ops += 1;
         self.net += 1;
         Some(p)
@@ -234,20 +227,13 @@ impl<'p> Held<'p> {
         let Some(m) = self.loaded else {
             return false;
         };
-        // SAFETY: owned by this holder; `len < cap` stays inside the slot array.
-        let pushed = unsafe {
-            m.with_rounds(|r| {
-                (r.len < cap).then(|| {
-                    *r.slots.add(r.len) = p.as_ptr();
-                    r.len += 1;
-                })
-            })
-        };
-        if pushed.is_some() {
+        // SAFETY: owned by this holder; `cap` is the magazines' capacity.
+        let pushed = unsafe { m.push_round(p, cap) };
+        if pushed {
             self.ops += 1;
             self.net -= 1;
         }
-        pushed.is_some()
+        pushed
     }
 
     fn swap(&mut self) {
