@@ -65,6 +65,43 @@ pub(crate) fn all_stats() -> Vec<Stats> {
     registered().iter().filter_map(|s| s.stats()).collect()
 }
 
+/// One registered entry's stats with its bytes, and its source's numbers if it is a
+/// block source's large blocks: that row counts blocks of many sizes (object size 0),
+/// so its bytes are the source's, not `Stats::reserved_bytes`.
+pub(crate) struct Measured {
+    pub(crate) stats: Stats,
+    pub(crate) reserved_bytes: u64,
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))] // the metrics exporter's
+    pub(crate) cached_bytes: u64,
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))] // as `cached_bytes`
+    pub(crate) source: Option<BlockSourceStats>,
+}
+
+/// Every live entry measured, in registration order (no lock held while each reads
+/// itself).
+pub(crate) fn all_measured() -> Vec<Measured> {
+    registered()
+        .iter()
+        .filter_map(|entry| {
+            let stats = entry.stats()?;
+            let source = entry.source();
+            let (reserved_bytes, cached_bytes) = match &source {
+                Some(s) => (
+                    s.large_live_bytes + s.large_cached_bytes,
+                    s.large_cached_bytes,
+                ),
+                None => (stats.reserved_bytes(), stats.cached_bytes()),
+            };
+            Some(Measured {
+                stats,
+                reserved_bytes,
+                cached_bytes,
+                source,
+            })
+        })
+        .collect()
+}
+
 /// The numbers of every live block source, in registration order.
 pub(crate) fn all_sources() -> Vec<BlockSourceStats> {
     registered().iter().filter_map(|s| s.source()).collect()

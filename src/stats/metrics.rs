@@ -2,7 +2,6 @@
 
 use metrics::Unit;
 
-use crate::stats::Stats;
 use crate::BlockSourceStats;
 
 /// A metric's kind.
@@ -22,13 +21,9 @@ struct Metric<R> {
     value: fn(&R) -> u64,
 }
 
-/// An allocator's row, with its bytes where the row counts blocks of varying sizes
-/// (a source's `pool-blocks-large`).
-struct Row {
-    stats: Stats,
-    reserved_bytes: u64,
-    cached_bytes: u64,
-}
+// An allocator's row, with its bytes where the row counts blocks of varying sizes (a
+// source's `pool-blocks-large`).
+use crate::registry::Measured as Row;
 
 /// Per allocator name, labelled `allocator`.
 const PER_ALLOCATOR: [Metric<Row>; 13] = [
@@ -254,30 +249,13 @@ pub fn record_metrics() {
     }
     let mut sums: Vec<Sum> = Vec::new();
     let mut sources = [0u64; POOL_SOURCES.len()];
-    // No lock is held while each entry reads itself, as in `stats::for_each`.
-    for entry in crate::registry::registered() {
-        let Some(stats) = entry.stats() else {
-            continue;
-        };
-        let source = entry.source();
-        let row = match &source {
-            // A source's large blocks: the row counts blocks; the source has their bytes.
-            Some(s) => Row {
-                stats,
-                reserved_bytes: s.large_live_bytes + s.large_cached_bytes,
-                cached_bytes: s.large_cached_bytes,
-            },
-            None => Row {
-                stats,
-                reserved_bytes: stats.reserved_bytes(),
-                cached_bytes: stats.cached_bytes(),
-            },
-        };
-        if let Some(s) = &source {
+    for row in crate::registry::all_measured() {
+        if let Some(s) = &row.source {
             for (t, m) in sources.iter_mut().zip(&POOL_SOURCES) {
                 *t = t.saturating_add((m.value)(s));
             }
         }
+        let stats = row.stats;
         let i = match sums.iter().position(|t| t.name == stats.name) {
             Some(i) => i,
             None => {

@@ -199,22 +199,12 @@ const HEADER: [&str; 11] = [
 /// assert_eq!(table.rows.len(), proxalloc::stats::all().len());
 /// ```
 pub fn table() -> Table {
-    let sources = crate::registry::all_sources();
-    Table::new(
-        all()
-            .iter()
-            .map(|s| {
-                let mut row = Row::of(s);
-                // A `pool-blocks-large` row counts blocks of many sizes (its object size
-                // is 0): its bytes are its source's.
-                if let Some(b) = sources.iter().find(|b| b.id == s.id) {
-                    let bytes = b.large_live_bytes.saturating_add(b.large_cached_bytes);
-                    row.reserved_bytes = signed(bytes);
-                }
-                row
-            })
-            .collect(),
-    )
+    let rows = crate::registry::all_measured().into_iter().map(|m| {
+        let mut row = Row::of(&m.stats);
+        row.reserved_bytes = signed(m.reserved_bytes);
+        row
+    });
+    Table::new(rows.collect())
 }
 
 /// Every allocator's change since `base`, and the total: [`dump_since`] as data
