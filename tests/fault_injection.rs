@@ -474,6 +474,51 @@ fn a_new_thread_without_memory_gets_an_error_from_try_alloc() {
     assert_eq!(objs_alive(base), 0);
 }
 
+/// A slow path ends with a sweep of the thread's caches, which retires the cache of an
+/// allocator dropped meanwhile: out of memory, the sweep leaves it for a later one
+/// instead of aborting (`try_alloc` takes slow paths).
+#[test]
+fn out_of_memory_in_a_sweep_is_not_an_abort() {
+    let _s = serial();
+    let base = objs_base();
+    let old = Mutex::new(Some(ClassAllocator::<Obj>::with_config(
+        "fault-sweep-old",
+        config(),
+    )));
+    let b = ClassAllocator::<Obj>::with_config("fault-sweep-b", config());
+    let barrier = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            {
+                let g = old.lock().unwrap();
+                let a = g.as_ref().unwrap();
+                drop(a.alloc(Obj::new(0)));
+                a.trim(); // registered, holding nothing
+            }
+            drop(b.alloc(Obj::new(1)));
+            b.trim(); // registered, holding nothing: the next allocation is a slow path
+            barrier.wait();
+            barrier.wait(); // the old allocator is dropped
+            let v = Obj::new(2);
+            let armed = Armed::any_layout(Mode::From(1));
+            let r = b.try_alloc(v).map(|_| ());
+            drop(armed);
+            assert_eq!(r, Err(AllocError));
+            // With memory back, a later sweep retires the dead cache.
+            for i in 0..300 {
+                drop(b.alloc(Obj::new(i)));
+                b.trim();
+            }
+        });
+        barrier.wait();
+        drop(old.lock().unwrap().take());
+        barrier.wait();
+        t.join().unwrap();
+    });
+    assert_exact(&b, 0);
+    assert_eq!(objs_alive(base), 0);
+}
+
 /// A thread whose cache of a dropped allocator is still in its table (no slow path
 /// since the drop) meets an out-of-memory while registering the allocator that reuses
 /// the index: the stale cache is retired into the garbage list, which must not grow

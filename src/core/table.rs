@@ -312,6 +312,12 @@ impl Table {
                     let Some(engine) = rest.owners[index].as_ref() else {
                         continue;
                     };
+                    // Room for what this cache may hand over, first: out of memory, the
+                    // cache is left as it is until a later sweep (this is a `try_alloc`'s
+                    // slow path too, which must not abort here).
+                    if garbage.reserve_one().is_none() {
+                        break;
+                    }
                     if !engine.is_alive() {
                         rest.retire(&key, fast, index, garbage);
                         continue;
