@@ -601,6 +601,38 @@ fn slot_array_failures_send_frees_to_the_backing_allocator() {
     assert_eq!(a.stats().reserved_bytes(), 0);
 }
 
+/// What a full depot sends back (evicted magazines, here every spill: the depot's
+/// budget is 0) is collected without allocating, so frees, a flush and a trim go through
+/// with every allocation of the thread failing. (The list of evictions was a `Vec`,
+/// whose first push aborted the test binary: "memory allocation of 64 bytes failed".)
+#[test]
+fn evictions_need_no_memory_frees_flushes_and_trims_work_with_none() {
+    let _s = serial();
+    let base = objs_base();
+    let cfg = Config::new().magazine_size(MAG).depot_bytes(0);
+    let a = ClassAllocator::<Obj>::with_config("fault-evictions", cfg);
+    const N: u64 = 10 * MAG as u64;
+    // A round without failures makes the magazines; the second round's frees evict.
+    drop((0..N).map(|i| a.alloc(Obj::new(i))).collect::<Vec<_>>());
+    let objs: Vec<_> = (0..N).map(|i| a.alloc(Obj::new(i))).collect();
+    let overflows = a.stats().overflows;
+    {
+        let armed = Armed::any_layout(Mode::From(1));
+        drop(objs);
+        a.release_thread_cache();
+        a.trim();
+        drop(armed);
+    }
+    let s = a.stats();
+    assert!(s.overflows > overflows, "no eviction happened: {s}");
+    assert_exact(&a, 0);
+    assert_eq!(s.reserved_objects(), 0, "{s}");
+    assert_eq!(objs_alive(base), 0);
+    // Memory back: the allocator works as before.
+    drop((0..N).map(|i| a.alloc(Obj::new(i))).collect::<Vec<_>>());
+    assert_exact(&a, 0);
+}
+
 #[test]
 fn random_slot_array_failures_keep_the_books_exact() {
     let _s = serial();

@@ -268,9 +268,7 @@ impl<T> ClassAllocator<T> {
     /// there, the object comes straight from the backing allocator (the next slow path
     /// tries again). The crate's other bookkeeping still ends the process on failure, as
     /// `Box::new` does: the allocator's shared state, made once at its first use in the
-    /// process; the lists of magazines a slow path hands back when it retires or flushes
-    /// caches (a dropped allocator's, or after `trim_all`, or the idle collector's);
-    /// the C library's record of the thread-exit hook, made at a thread's first
+    /// process; the C library's record of the thread-exit hook, made at a thread's first
     /// registration (glibc's `malloc`, which aborts if it fails); and, with misuse
     /// detection on (debug builds, the `debug-checks` feature), its table of live
     /// objects.

@@ -83,7 +83,7 @@ impl Engine {
     /// Returns the number of objects released, or `None` for a dead allocator, whose
     /// caches are their owners' to release.
     pub(crate) fn trim_stashes(&self) -> Option<usize> {
-        let mut stashes = Vec::new();
+        let mut stashes = Evictions::default();
         {
             let list = sync::lock(&self.cache_list);
             if !self.is_alive() {
@@ -93,12 +93,12 @@ impl Engine {
                 // SAFETY: registered caches stay allocated while the lock is held.
                 unsafe {
                     ThreadCache::request_flush(c);
-                    stashes.push(self.seize_stash(c));
+                    self.seize_stash(c, &mut stashes);
                 }
             }
         }
         thread_cache::announce_flush_requests();
-        Some(self.release_stashes(stashes))
+        Some(self.release(stashes))
     }
 
     /// The end of a trim: gives everything the depot caches back to the backing
@@ -120,7 +120,7 @@ impl Engine {
     /// No thread can allocate or free through the allocator any more (its owner is being
     /// dropped).
     pub(crate) unsafe fn shutdown(&self) {
-        let mut stashes = Vec::new();
+        let mut stashes = Evictions::default();
         let mut from_cpus = Evictions::default();
         {
             let mut list = sync::lock(&self.cache_list);
@@ -129,7 +129,7 @@ impl Engine {
                 // SAFETY: registered caches stay allocated while the lock is held.
                 unsafe {
                     ThreadCache::request_flush(c);
-                    stashes.push(self.seize_stash(c));
+                    self.seize_stash(c, &mut stashes);
                 }
             }
             // Under the lock, as every reclaim of CPU caches is (`cpu_reclaim`): a
@@ -139,36 +139,28 @@ impl Engine {
             }
         }
         thread_cache::announce_flush_requests();
-        let released = self.release(from_cpus) + self.release_stashes(stashes);
+        let released = self.release(from_cpus) + self.release(stashes);
         self.trim_depot(released);
         ids::release(self.index);
     }
 
     /// An administrator takes the stash of a registered cache, and its grant (which it
-    /// gives back to the process-wide budget). Returns the chain, now the caller's.
+    /// gives back to the process-wide budget), adding the stash's magazines to
+    /// `evictions`, to be released whole once the lock is dropped (running destructors,
+    /// for a recycling allocator).
     ///
     /// # Safety
     /// `c` is registered with this engine and the cache-list lock is held.
-    unsafe fn seize_stash(&self, c: *const ThreadCache) -> u32 {
+    unsafe fn seize_stash(&self, c: *const ThreadCache, evictions: &mut Evictions) {
         // SAFETY: forwarded; only atomic fields are touched.
-        unsafe {
+        let top = unsafe {
             Self::return_grant(ThreadCache::take_grant(c));
             ThreadCache::stash_take(c)
-        }
-    }
-
-    /// Releases seized stash chains straight to the backing allocator (running
-    /// destructors, for a recycling allocator: call with no lock held). Returns the
-    /// number of objects released.
-    fn release_stashes(&self, chains: Vec<u32>) -> usize {
-        let mut evictions = Evictions::default();
-        for top in chains {
-            self.for_each_in_stash(top, |mag| {
-                // SAFETY: each seized chain is the caller's, to give up.
-                evictions.push(Some(unsafe { self.depot.evict_all(mag) }))
-            });
-        }
-        self.release(evictions)
+        };
+        self.for_each_in_stash(top, |mag| {
+            // SAFETY: the seized chain is ours, to give up.
+            evictions.push(Some(unsafe { self.depot.evict_all(mag) }))
+        });
     }
 
     /// A snapshot of the counters.

@@ -193,6 +193,21 @@ impl Eviction {
     pub fn keeps_some(&self) -> bool {
         self.keep > 0
     }
+
+    /// Makes the eviction's magazine the end of a chain of evictions: the count to keep
+    /// goes into the magazine, its link to [`NIL`]. The caller links it after the
+    /// chain's previous end, and finishes the chain with [`Depot::evict_chain`].
+    pub fn end_chain(self) -> NonNull<Magazine> {
+        let Eviction { mag, keep } = self;
+        // SAFETY: an eviction owns its magazine (see `Depot::put`).
+        let m = unsafe { mag.as_ref() };
+        // SAFETY: as above.
+        unsafe { m.with_rounds(|r| r.keep = keep) };
+        // Owned, so nobody follows this link but the chain's holder; a thread with a
+        // stale depot head may still read it, hence the atomic.
+        m.next.store(NIL, Ordering::Relaxed);
+        mag
+    }
 }
 
 /// The words of a depot that every thread's exchange touches, on one cache line.
@@ -406,6 +421,33 @@ impl Depot {
         } else {
             self.line.empty.push(mag);
         }
+        released
+    }
+
+    /// Finishes every eviction on a chain made with [`Eviction::end_chain`], first to
+    /// last, as [`evict`](Self::evict) does. Returns the number of objects released.
+    ///
+    /// # Safety
+    /// `first` is [`NIL`] or the first magazine of such a chain of this depot's
+    /// evictions, owned by the caller.
+    pub unsafe fn evict_chain(&self, first: u32) -> usize {
+        if first == NIL {
+            return 0;
+        }
+        let mut released = 0;
+        // SAFETY: per the contract, a descriptor of this depot's table.
+        let first = unsafe { self.table.get(first) };
+        for_each_in_chain(&self.table, first, |mag| {
+            // SAFETY: each magazine on the chain is an eviction the caller owns, with its
+            // count to keep recorded by `end_chain` (its link was read before this).
+            released += unsafe {
+                let keep = mag.with_rounds(|r| r.keep);
+                self.evict(Eviction {
+                    mag: NonNull::from(mag),
+                    keep,
+                })
+            };
+        });
         released
     }
 

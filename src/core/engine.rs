@@ -35,15 +35,45 @@ pub(super) struct CacheList {
 // reused or freed.
 unsafe impl Send for CacheList {}
 
-/// Evicted magazines, released together once nothing is borrowed. (Allocates only when
-/// something is evicted, which needs a full depot or a dead allocator.)
-#[derive(Debug, Default)]
+/// Evicted magazines, released together once nothing is borrowed: a chain of the
+/// magazines themselves, in the order evicted, linked through their `next` words (an
+/// evicted magazine is its evicter's, as one about to be pushed is), each holding its
+/// count to keep. Collecting evictions never allocates, so no free, flush, trim or
+/// thread exit can fail for want of memory here.
+#[derive(Debug)]
 #[must_use = "evicted objects must be released with `Engine::release`"]
-pub(crate) struct Evictions(Vec<Eviction>);
+pub(crate) struct Evictions {
+    /// Index of the first evicted magazine, or [`NIL`].
+    first: u32,
+    /// The last one, whose link the next eviction goes into.
+    last: Option<NonNull<Magazine>>,
+}
+
+impl Default for Evictions {
+    fn default() -> Self {
+        Evictions {
+            first: NIL,
+            last: None,
+        }
+    }
+}
 
 impl Evictions {
     pub(super) fn push(&mut self, eviction: Option<Eviction>) {
-        self.0.extend(eviction);
+        let Some(eviction) = eviction else {
+            return;
+        };
+        let mag = eviction.end_chain();
+        // SAFETY: the evictions own every magazine on their chain, `mag` included.
+        let index = unsafe { mag.as_ref() }.index;
+        match self.last {
+            // SAFETY: as above.
+            Some(last) => unsafe { last.as_ref() }
+                .next
+                .store(index, Ordering::Relaxed),
+            None => self.first = index,
+        }
+        self.last = Some(mag);
     }
 }
 
@@ -499,12 +529,8 @@ impl Engine {
     /// recycling allocator). Call with no lock held and no cache borrowed. Returns the
     /// number of objects released.
     pub(crate) fn release(&self, evictions: Evictions) -> usize {
-        evictions
-            .0
-            .into_iter()
-            // SAFETY: evictions of this engine's depot.
-            .map(|e| unsafe { self.depot.evict(e) })
-            .sum()
+        // SAFETY: a chain of evictions of this engine's depot, owned here.
+        unsafe { self.depot.evict_chain(evictions.first) }
     }
 
     /// A permit to hand out one object of a capped allocator, for this thread (`c`, its

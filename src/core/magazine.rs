@@ -47,6 +47,9 @@ pub struct Rounds {
     /// Array of `capacity` object pointers, or null when the magazine holds no storage
     /// (a new descriptor, or an empty magazine whose storage `trim` released).
     pub slots: *mut *mut u8,
+    /// For an evicted magazine on a chain of evictions (`engine::Evictions`): how many
+    /// of its objects stay cached. Meaningless otherwise.
+    pub keep: usize,
 }
 
 /// A magazine descriptor.
@@ -235,6 +238,7 @@ impl MagazineTable {
                 rounds: UnsafeCell::new(Rounds {
                     len: 0,
                     slots: ptr::null_mut(),
+                    keep: 0,
                 }),
             };
             // SAFETY: `off < seg_len`, inside the fresh allocation.

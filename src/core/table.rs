@@ -49,25 +49,35 @@ pub(crate) mod loom_hooks {
 /// consistent and nothing is borrowed: releasing evicted objects (which runs a
 /// recycling allocator's destructors, user code that may re-enter any allocator), and
 /// dropping engines (the last reference frees a dead allocator's depot).
+///
+/// The first item takes no memory: a thread's `release_thread_cache`, or a slow path
+/// that retires one stale cache, never allocates here.
 #[derive(Default)]
 pub(crate) struct Garbage {
-    items: Vec<(Arc<Engine>, Evictions)>,
+    first: Option<(Arc<Engine>, Evictions)>,
+    more: Vec<(Arc<Engine>, Evictions)>,
 }
 
 impl Garbage {
     fn push(&mut self, engine: Arc<Engine>, evictions: Evictions) {
-        self.items.push((engine, evictions));
+        match self.first {
+            None => self.first = Some((engine, evictions)),
+            Some(_) => self.more.push((engine, evictions)),
+        }
     }
 
     /// Room for one more item, or `None` where the global allocator fails.
     fn reserve_one(&mut self) -> Option<()> {
-        self.items.try_reserve(1).ok()
+        match self.first {
+            None => Some(()),
+            Some(_) => self.more.try_reserve(1).ok(),
+        }
     }
 
     /// Releases everything; returns the number of objects released.
     pub(crate) fn release(self) -> usize {
         let mut released = 0;
-        for (engine, evictions) in self.items {
+        for (engine, evictions) in self.first.into_iter().chain(self.more) {
             released += engine.release(evictions);
             drop(engine);
         }
