@@ -131,6 +131,11 @@ mod imp {
         /// This thread's rseq area (glibc's or [`OWN_AREA`]), or null until the thread's
         /// first per-CPU slow path sets it (it stays null if rseq cannot be used here).
         static AREA: Cell<*mut u8> = const { Cell::new(std::ptr::null_mut()) };
+        /// Set when this thread's area could not be set up: it is not tried again (a
+        /// failed registration is a system call, and a thread whose rseq belongs to
+        /// someone else, another allocator's own registration, say, would otherwise
+        /// make one at every slow path of every per-CPU allocator).
+        static NO_AREA: Cell<bool> = const { Cell::new(false) };
         /// The area registered for this thread when glibc registered none. The kernel
         /// writes it on every return to user space; nothing here makes a reference to it.
         static OWN_AREA: UnsafeCell<Area> = const {
@@ -156,6 +161,9 @@ mod imp {
     static GLIBC_OFFSET: AtomicU64 = AtomicU64::new(0);
     /// Sequences the kernel aborted (all sequences of the process), for tests and stats.
     static ABORTS: AtomicU64 = AtomicU64::new(0);
+    /// System calls made to register [`OWN_AREA`] (all threads), for tests.
+    #[cfg(test)]
+    pub(crate) static REGISTRATIONS: AtomicU64 = AtomicU64::new(0);
     /// Test builds spin this many rounds inside every sequence before its commit, so
     /// that preemption lands inside sequences and aborts really happen.
     #[cfg(test)]
@@ -255,12 +263,20 @@ mod imp {
         (unsafe { area.add(4).cast::<u32>().read_volatile() } as i32) >= 0
     }
 
-    /// Registers [`OWN_AREA`] for this thread; true when the kernel accepted it (or had
-    /// it already).
+    /// Registers [`OWN_AREA`] for this thread; true when the kernel has it (registered
+    /// now, or before: `detect` registers the first thread's, and the kernel refuses a
+    /// second registration of the same area).
     fn register_own() -> bool {
         OWN_AREA
             .try_with(|a| {
                 let area = a.get();
+                // SAFETY: this thread's own area; the kernel keeps `cpu_id` current once
+                // the area is registered (and it is -1 until then).
+                if unsafe { registered(area.cast()) } {
+                    return true;
+                }
+                #[cfg(test)]
+                REGISTRATIONS.fetch_add(1, Ordering::Relaxed);
                 // SAFETY: a 32-byte, 32-aligned area that lives until the thread exits
                 // (static TLS with no destructor), registered with glibc's signature.
                 let r = unsafe { syscall(SYS_RSEQ, area, 32u32, 0, RSEQ_SIG) };
@@ -275,7 +291,7 @@ mod imp {
     /// are being destroyed).
     pub(crate) fn thread_area() -> *mut u8 {
         let area = current_area();
-        if !area.is_null() {
+        if !area.is_null() || NO_AREA.try_with(Cell::get).unwrap_or(true) {
             return area;
         }
         let area = match MODE.load(Ordering::Acquire) {
@@ -294,6 +310,9 @@ mod imp {
             _ => std::ptr::null_mut(),
         };
         let _ = AREA.try_with(|c| c.set(area));
+        if area.is_null() {
+            let _ = NO_AREA.try_with(|c| c.set(true));
+        }
         area
     }
 
@@ -549,6 +568,89 @@ mod imp {
             );
         }
         (got != 0).then(|| ((got - 1) as u32, word))
+    }
+
+    #[cfg(test)]
+    mod own_area_tests {
+        use super::*;
+
+        /// Set in the child process of
+        /// `without_glibcs_areas_our_own_serve_and_a_refused_one_is_asked_for_once`.
+        const OWN_AREA_CHILD: &str = "PROXALLOC_TEST_OWN_AREA_CHILD";
+
+        /// The child's side: glibc registers no area (its tunable says so), so this process
+        /// registers its own, and the detecting thread must be able to use it; a thread
+        /// whose rseq is someone else's is refused once and not asked for again.
+        #[test]
+        #[ignore = "run in a child process by its parent test"]
+        fn own_areas_child() {
+            if std::env::var_os(OWN_AREA_CHILD).is_none() {
+                return;
+            }
+            if glibc_offset().is_some() {
+                println!("glibc registers areas despite its tunable: nothing to test");
+                return;
+            }
+            assert!(
+                available(),
+                "rseq works here (the parent checked): our own area must"
+            );
+            assert!(!thread_area().is_null());
+            std::thread::spawn(|| {
+                std::thread_local! {
+                    static FOREIGN: UnsafeCell<Area> = const {
+                        UnsafeCell::new(Area {
+                            cpu_id_start: 0,
+                            cpu_id: u32::MAX,
+                            rseq_cs: 0,
+                            flags: 0,
+                            node_id: 0,
+                            mm_cid: 0,
+                            _reserved: 0,
+                        })
+                    };
+                }
+                // Another library's registration, as tcmalloc makes where glibc makes none.
+                // SAFETY: a 32-byte, 32-aligned area living until the thread exits.
+                let r = FOREIGN.with(|a| unsafe { syscall(SYS_RSEQ, a.get(), 32u32, 0, RSEQ_SIG) });
+                assert_eq!(r, 0, "the foreign registration");
+                let before = REGISTRATIONS.load(Ordering::Relaxed);
+                for _ in 0..100 {
+                    assert!(thread_area().is_null());
+                }
+                assert_eq!(REGISTRATIONS.load(Ordering::Relaxed) - before, 1);
+            })
+            .join()
+            .unwrap();
+            println!("own areas: checked");
+        }
+
+        #[test]
+        fn without_glibcs_areas_our_own_serve_and_a_refused_one_is_asked_for_once() {
+            if !available() {
+                eprintln!("rseq unavailable here: nothing to test");
+                return;
+            }
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "core::rseq::imp::own_area_tests::own_areas_child",
+                ])
+                .args(["--include-ignored", "--nocapture", "--test-threads=1"])
+                .env("GLIBC_TUNABLES", "glibc.pthread.rseq=0")
+                .env(OWN_AREA_CHILD, "1")
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success()
+                    && (stdout.contains("own areas: checked")
+                        || stdout.contains("glibc registers areas")),
+                "child: {}\n{stdout}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 }
 
