@@ -633,6 +633,49 @@ fn evictions_need_no_memory_frees_flushes_and_trims_work_with_none() {
     assert_exact(&a, 0);
 }
 
+/// A thread that exits while the global allocator fails everything it asks for still
+/// retires its caches of every allocator it used (their room was reserved when the
+/// caches were registered); the thread-exit teardown pushed each onto a `Vec`, whose
+/// growth aborted the process.
+#[test]
+fn a_thread_exit_needs_no_memory() {
+    let _s = serial();
+    let base = objs_base();
+    let cfg = Config::new().magazine_size(MAG);
+    let allocators: Arc<Vec<ClassAllocator<Obj>>> = Arc::new(
+        (0..5)
+            .map(|_| ClassAllocator::with_config("fault-thread-exit", cfg))
+            .collect(),
+    );
+    let all = allocators.clone();
+    std::thread::spawn(move || {
+        for (i, a) in all.iter().enumerate() {
+            drop(
+                (0..3 * MAG as u64)
+                    .map(|j| a.alloc(Obj::new(j)))
+                    .collect::<Vec<_>>(),
+            );
+            assert!(
+                a.stats().cached_in_threads > 0,
+                "allocator {i} caches nothing"
+            );
+        }
+        drop(all);
+        // Armed through the thread's exit: the plan is a `const` thread-local with no
+        // destructor, so it stays armed while the other thread-locals are destroyed.
+        std::mem::forget(Armed::any_layout(Mode::From(1)));
+    })
+    .join()
+    .unwrap();
+    for a in allocators.iter() {
+        assert_exact(a, 0);
+        let s = a.stats();
+        assert_eq!((s.threads, s.cached_in_threads), (0, 0), "{s}");
+        a.trim();
+    }
+    assert_eq!(objs_alive(base), 0);
+}
+
 #[test]
 fn random_slot_array_failures_keep_the_books_exact() {
     let _s = serial();

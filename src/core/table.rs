@@ -135,6 +135,10 @@ struct Rest {
     /// can reach it (and so a dead allocator's magazines stay valid until this thread
     /// has released what its cache holds).
     owners: Vec<Option<Arc<Engine>>>,
+    /// Room for the thread-exit teardown's garbage, one item per index of `owners`,
+    /// reserved when a registration makes `owners` longer: a thread exit then allocates
+    /// nothing here (the global allocator may be out of memory by then).
+    exit_room: Vec<(Arc<Engine>, Evictions)>,
 }
 
 impl Rest {
@@ -267,6 +271,7 @@ impl Table {
                 if rest.owners.len() <= index {
                     let more = index + 1 - rest.owners.len();
                     rest.owners.try_reserve(more).ok()?;
+                    rest.exit_room.try_reserve(index + 1).ok()?;
                     rest.owners.resize_with(index + 1, || None);
                 }
                 let c = if index < INLINE_CACHES {
@@ -363,6 +368,10 @@ impl Table {
         }
         // SAFETY: a live box owned by the table, now unreachable from it.
         let mut rest = unsafe { Box::from_raw(rest) };
+        // At least one item of room per index (reserved as `owners` grew): the pushes
+        // below allocate nothing.
+        garbage.more = std::mem::take(&mut rest.exit_room);
+        debug_assert!(garbage.more.capacity() >= rest.owners.len());
         for index in 0..rest.owners.len() {
             // SAFETY: per the contract.
             unsafe { rest.retire(&self.key(), self.fast(), index, &mut garbage) };
