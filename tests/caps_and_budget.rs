@@ -372,7 +372,8 @@ fn a_depot_budget_of_zero_keeps_no_zero_sized_object() {
     drop((0..n).map(|_| a.alloc(())).collect::<Vec<_>>());
     let s = a.stats();
     assert_eq!(s.cached_in_depot, 0, "{s}");
-    assert!(s.cached_in_threads <= 2 * 64, "two magazines at most: {s}");
+    let mag = Config::DEFAULT_MAGAZINE_SIZE as u64;
+    assert!(s.cached_in_threads <= 2 * mag, "two magazines at most: {s}");
     assert!(s.overflows > 0 && s.is_consistent() && s.live == 0, "{s}");
 }
 
@@ -393,11 +394,12 @@ fn a_stash_of_zero_sized_objects_stays_within_its_grant() {
     }
     let s = a.stats();
     let slot = std::mem::size_of::<*mut u8>() as u64;
+    let mag = Config::DEFAULT_MAGAZINE_SIZE as u64;
     assert!(
-        s.cached_in_threads <= 2 * 64 + growth as u64 / slot,
+        s.cached_in_threads <= 2 * mag + growth as u64 / slot,
         "two magazines and what the grant pays for: {s}"
     );
-    assert!(s.cached_in_threads > 2 * 64, "the stash did grow: {s}");
+    assert!(s.cached_in_threads > 2 * mag, "the stash did grow: {s}");
     a.release_thread_cache();
     assert_eq!(settled_budget(), 0);
 }
