@@ -127,6 +127,19 @@ mod imp {
         _reserved: u32,
     }
 
+    impl Area {
+        /// An area the kernel has not registered (its `cpu_id` is -1 until it does).
+        const UNREGISTERED: Area = Area {
+            cpu_id_start: 0,
+            cpu_id: u32::MAX,
+            rseq_cs: 0,
+            flags: 0,
+            node_id: 0,
+            mm_cid: 0,
+            _reserved: 0,
+        };
+    }
+
     std::thread_local! {
         /// This thread's rseq area (glibc's or [`OWN_AREA`]), or null until the thread's
         /// first per-CPU slow path sets it (it stays null if rseq cannot be used here).
@@ -139,15 +152,7 @@ mod imp {
         /// The area registered for this thread when glibc registered none. The kernel
         /// writes it on every return to user space; nothing here makes a reference to it.
         static OWN_AREA: UnsafeCell<Area> = const {
-            UnsafeCell::new(Area {
-                cpu_id_start: 0,
-                cpu_id: u32::MAX,
-                rseq_cs: 0,
-                flags: 0,
-                node_id: 0,
-                mm_cid: 0,
-                _reserved: 0,
-            })
+            UnsafeCell::new(Area::UNREGISTERED)
         };
     }
 
@@ -599,15 +604,7 @@ mod imp {
             std::thread::spawn(|| {
                 std::thread_local! {
                     static FOREIGN: UnsafeCell<Area> = const {
-                        UnsafeCell::new(Area {
-                            cpu_id_start: 0,
-                            cpu_id: u32::MAX,
-                            rseq_cs: 0,
-                            flags: 0,
-                            node_id: 0,
-                            mm_cid: 0,
-                            _reserved: 0,
-                        })
+                        UnsafeCell::new(Area::UNREGISTERED)
                     };
                 }
                 // Another library's registration, as tcmalloc makes where glibc makes none.
