@@ -43,6 +43,38 @@ mod imp {
         let list = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
         list.iter().filter_map(Weak::upgrade).collect()
     }
+
+    /// Runs `f` on every registered entry that still exists, with no lock held (`f` may
+    /// run user code that registers allocators), and without allocating when the
+    /// global allocator fails: then the list is walked one entry at a time, and an
+    /// entry may be missed if another thread registers an allocator meanwhile (which
+    /// compacts the list).
+    pub(crate) fn for_each_registered(mut f: impl FnMut(&dyn Registered)) {
+        let collected = {
+            let list = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+            let mut v = Vec::new();
+            v.try_reserve_exact(list.len()).ok().map(|()| {
+                v.extend(list.iter().filter_map(Weak::upgrade));
+                v
+            })
+        };
+        if let Some(entries) = collected {
+            entries.iter().for_each(|e| f(&**e));
+            return;
+        }
+        for i in 0.. {
+            let entry = {
+                let list = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+                match list.get(i) {
+                    Some(w) => w.upgrade(),
+                    None => return,
+                }
+            };
+            if let Some(e) = entry {
+                f(&*e);
+            }
+        }
+    }
 }
 
 /// Under loom the models build allocators as plain values; nothing is listed.
@@ -56,9 +88,11 @@ mod imp {
     pub(crate) fn registered() -> Vec<Arc<dyn Registered>> {
         Vec::new()
     }
+
+    pub(crate) fn for_each_registered(_: impl FnMut(&dyn Registered)) {}
 }
 
-pub(crate) use imp::{register, registered};
+pub(crate) use imp::{for_each_registered, register, registered};
 
 /// Stats of every live allocator, in registration order.
 pub(crate) fn all_stats() -> Vec<Stats> {
@@ -107,7 +141,10 @@ pub(crate) fn all_sources() -> Vec<BlockSourceStats> {
     registered().iter().filter_map(|s| s.source()).collect()
 }
 
-/// Trims every live allocator; returns the bytes released.
+/// Trims every live allocator; returns the bytes released. Needs no memory: a trim is
+/// what a program calls when memory runs out.
 pub(crate) fn trim_all() -> usize {
-    registered().iter().map(|s| s.trim()).sum()
+    let mut released = 0;
+    for_each_registered(|s| released += s.trim());
+    released
 }

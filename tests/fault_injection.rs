@@ -676,6 +676,35 @@ fn a_thread_exit_needs_no_memory() {
     assert_eq!(objs_alive(base), 0);
 }
 
+/// `trim_all`, what a program calls when memory runs out, works without any: its list
+/// of the process's allocators cannot be allocated, so it walks the registry entry by
+/// entry. (It collected the list into a `Vec`, and aborted: "memory allocation of 64
+/// bytes failed".)
+#[test]
+fn trim_all_needs_no_memory() {
+    let _s = serial();
+    let a = ClassAllocator::<Obj>::with_config("fault-trim-all", config());
+    drop(
+        (0..5 * MAG as u64)
+            .map(|i| a.alloc(Obj::new(i)))
+            .collect::<Vec<_>>(),
+    );
+    a.release_thread_cache();
+    assert!(a.stats().cached_in_depot > 0);
+    let released = {
+        let armed = Armed::any_layout(Mode::From(1));
+        let released = proxalloc::trim_all();
+        assert!(armed.counts().1 > 0, "trim_all asked for no memory");
+        released
+    };
+    assert!(
+        released >= 5 * MAG * OBJ.size(),
+        "released {released} bytes"
+    );
+    let s = a.stats();
+    assert_eq!((s.cached_in_depot, s.reserved_objects()), (0, 0), "{s}");
+}
+
 #[test]
 fn random_slot_array_failures_keep_the_books_exact() {
     let _s = serial();
