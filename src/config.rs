@@ -236,7 +236,7 @@ impl Config {
     ///
     /// ```
     /// use proxalloc::{ClassAllocator, Config};
-    /// // 4 KiB objects under an 8 KiB bound: magazines of one object, not 64.
+    /// // 4 KiB objects under an 8 KiB bound: magazines of one object, not 128.
     /// static PAGES: ClassAllocator<[u8; 4096]> =
     ///     ClassAllocator::with_config("doc-config-thread-bytes", Config::new().thread_cache_bytes(8 << 10));
     /// drop((0..10).map(|_| PAGES.alloc([0; 4096])).collect::<Vec<_>>());

@@ -55,8 +55,10 @@ pub struct Rounds {
 /// A magazine descriptor.
 #[derive(Debug)]
 pub struct Magazine {
-    /// Link to the next magazine on a depot stack ([`NIL`] at the bottom). Written only
-    /// by the magazine's owner just before it pushes; read by any popper.
+    /// Link to the next magazine on whatever list holds this one ([`NIL`] at the end):
+    /// a depot stack, a stash, a cache's kept empties, a chain of evictions. Written only
+    /// by the magazine's owner (before it pushes, or while it links its own chain); read
+    /// by any popper, even a stale one, hence the atomic.
     pub next: AtomicU32,
     /// This descriptor's index in its table (immutable).
     pub index: u32,
