@@ -177,22 +177,25 @@ mod imp {
     #[allow(dead_code)] // only test builds read it
     static INJECT_DELAY: AtomicU32 = AtomicU32::new(0);
 
-    /// Whether per-CPU caches can work in this process: rseq is usable on the calling
-    /// thread (glibc's area, or one registered here), `membarrier` can fence a CPU's
-    /// sequences (for another thread's reclaim), and [`PERCPU_ENV`] does not turn them
-    /// off. Decided on the first call; the calling thread's area is set up as a side
-    /// effect.
+    /// Whether per-CPU caches can work in this process: the kernel has rseq (glibc
+    /// registers its threads' areas, or this crate can register its own), `membarrier`
+    /// can fence a CPU's sequences (for another thread's reclaim), and [`PERCPU_ENV`]
+    /// does not turn them off. Decided on the first call, from facts of the process
+    /// alone: the calling thread's own rseq (someone else's area, say) decides nothing
+    /// for the others. A thread that cannot get an area uses per-thread caches
+    /// ([`thread_area`] is null there).
     pub(crate) fn available() -> bool {
         let mode = match MODE.load(Ordering::Acquire) {
             UNKNOWN => {
                 let mode = detect();
-                // Racing first calls compute the same answer.
+                // Racing first calls compute the same answer (nothing here depends on
+                // the calling thread).
                 MODE.store(mode, Ordering::Release);
                 mode
             }
             mode => mode,
         };
-        mode != UNAVAILABLE && !thread_area().is_null()
+        mode != UNAVAILABLE
     }
 
     fn detect() -> u8 {
@@ -218,18 +221,27 @@ mod imp {
             return UNAVAILABLE;
         }
         if let Some(offset) = glibc_offset() {
+            // glibc registers every thread it starts.
             GLIBC_OFFSET.store(offset as u64, Ordering::Relaxed);
-            // glibc registered this thread (and registers every thread it starts).
-            // SAFETY: glibc's area of this thread, at the offset glibc exports.
-            if unsafe { registered(glibc_area(offset)) } {
-                return GLIBC;
-            }
+            return GLIBC;
         }
-        if register_own() {
+        if kernel_has_rseq() {
             OWN
         } else {
             UNAVAILABLE
         }
+    }
+
+    /// Whether the kernel implements rseq (and lets this process call it): a
+    /// registration of no area is refused as invalid (`EINVAL`) where it does, and
+    /// fails otherwise (`ENOSYS`, or `EPERM` under a seccomp filter), whatever this
+    /// thread has registered.
+    fn kernel_has_rseq() -> bool {
+        const EINVAL: i32 = 22;
+        // SAFETY: a null area of length 0: the kernel checks the arguments and touches
+        // no memory.
+        let r = unsafe { syscall(SYS_RSEQ, std::ptr::null_mut::<c_void>(), 0u32, 0, RSEQ_SIG) };
+        r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(EINVAL)
     }
 
     /// glibc's `__rseq_offset` if glibc registers rseq areas (`__rseq_size != 0`).
@@ -596,12 +608,15 @@ mod imp {
                 println!("glibc registers areas despite its tunable: nothing to test");
                 return;
             }
-            assert!(
-                available(),
-                "rseq works here (the parent checked): our own area must"
-            );
-            assert!(!thread_area().is_null());
-            std::thread::spawn(|| {
+            use crate::{CacheMode, ClassAllocator, Config};
+            let a = std::sync::Arc::new(ClassAllocator::<u64>::with_config(
+                "own-areas",
+                Config::new().mode(CacheMode::PerCpu),
+            ));
+            // The first thread to ask has an rseq of someone else's: what it finds holds
+            // for the process, not for itself alone.
+            let on_foreign = a.clone();
+            std::thread::spawn(move || {
                 std::thread_local! {
                     static FOREIGN: UnsafeCell<Area> = const {
                         UnsafeCell::new(Area::UNREGISTERED)
@@ -611,14 +626,35 @@ mod imp {
                 // SAFETY: a 32-byte, 32-aligned area living until the thread exits.
                 let r = FOREIGN.with(|a| unsafe { syscall(SYS_RSEQ, a.get(), 32u32, 0, RSEQ_SIG) });
                 assert_eq!(r, 0, "the foreign registration");
-                let before = REGISTRATIONS.load(Ordering::Relaxed);
+                assert_eq!(
+                    REGISTRATIONS.load(Ordering::Relaxed),
+                    0,
+                    "no area asked for yet"
+                );
+                assert!(
+                    available(),
+                    "the kernel has rseq, though this thread cannot use it"
+                );
+                // The allocator's first use (its engine is built here) and this thread's
+                // operations, which go to a per-thread cache.
+                drop((0..1000).map(|i| on_foreign.alloc(i)).collect::<Vec<_>>());
+                assert_eq!(on_foreign.mode(), CacheMode::PerCpu);
+                assert_eq!(on_foreign.stats().threads, 1, "this thread's own cache");
                 for _ in 0..100 {
                     assert!(thread_area().is_null());
                 }
-                assert_eq!(REGISTRATIONS.load(Ordering::Relaxed) - before, 1);
+                assert_eq!(REGISTRATIONS.load(Ordering::Relaxed), 1, "asked for once");
             })
             .join()
             .unwrap();
+            assert!(available());
+            assert!(
+                !thread_area().is_null(),
+                "this thread registers its own area"
+            );
+            drop((0..1000).map(|i| a.alloc(i)).collect::<Vec<_>>());
+            let s = a.stats();
+            assert!(s.is_consistent() && s.live == 0 && s.allocs == 2000, "{s}");
             println!("own areas: checked");
         }
 
