@@ -177,21 +177,22 @@ mod imp {
     #[allow(dead_code)] // only test builds read it
     static INJECT_DELAY: AtomicU32 = AtomicU32::new(0);
 
-    /// Whether per-CPU caches can work in this process: the kernel has rseq (glibc
-    /// registers its threads' areas, or this crate can register its own), `membarrier`
-    /// can fence a CPU's sequences (for another thread's reclaim), and [`PERCPU_ENV`]
-    /// does not turn them off. Decided on the first call, from facts of the process
-    /// alone: the calling thread's own rseq (someone else's area, say) decides nothing
-    /// for the others. A thread that cannot get an area uses per-thread caches
-    /// ([`thread_area`] is null there).
+    /// Whether per-CPU caches can work in this process: glibc registers its threads'
+    /// rseq areas, or this crate can register its own, `membarrier` can fence a CPU's
+    /// sequences (for another thread's reclaim), and [`PERCPU_ENV`] does not turn them
+    /// off. Decided once, by the first call (see [`detect`]); every later call, on any
+    /// thread, gets that answer. A thread that cannot get an area then uses per-thread
+    /// caches ([`thread_area`] is null there).
     pub(crate) fn available() -> bool {
         let mode = match MODE.load(Ordering::Acquire) {
             UNKNOWN => {
                 let mode = detect();
-                // Racing first calls compute the same answer (nothing here depends on
-                // the calling thread).
-                MODE.store(mode, Ordering::Release);
-                mode
+                // The first answer stored is everyone's (racing first calls may differ
+                // where their threads' rseq does, see `detect`).
+                match MODE.compare_exchange(UNKNOWN, mode, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => mode,
+                    Err(first) => first,
+                }
             }
             mode => mode,
         };
@@ -221,27 +222,22 @@ mod imp {
             return UNAVAILABLE;
         }
         if let Some(offset) = glibc_offset() {
-            // glibc registers every thread it starts.
+            // glibc registers every thread it starts (and zeroes `__rseq_size` when it
+            // cannot), whatever this thread's own state.
             GLIBC_OFFSET.store(offset as u64, Ordering::Relaxed);
             return GLIBC;
         }
-        if kernel_has_rseq() {
+        // No glibc areas: this crate registers its own, and the first thread to ask
+        // tries. Where it is refused, someone else registers areas (a statically linked
+        // glibc, whose symbols `dlsym` cannot see, or another allocator's own), most
+        // likely for every thread: per-CPU caches stay off for the process, since a
+        // per-CPU allocator's threads without an area take its slow path for every
+        // operation, slower than per-thread caches.
+        if register_own() {
             OWN
         } else {
             UNAVAILABLE
         }
-    }
-
-    /// Whether the kernel implements rseq (and lets this process call it): a
-    /// registration of no area is refused as invalid (`EINVAL`) where it does, and
-    /// fails otherwise (`ENOSYS`, or `EPERM` under a seccomp filter), whatever this
-    /// thread has registered.
-    fn kernel_has_rseq() -> bool {
-        const EINVAL: i32 = 22;
-        // SAFETY: a null area of length 0: the kernel checks the arguments and touches
-        // no memory.
-        let r = unsafe { syscall(SYS_RSEQ, std::ptr::null_mut::<c_void>(), 0u32, 0, RSEQ_SIG) };
-        r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(EINVAL)
     }
 
     /// glibc's `__rseq_offset` if glibc registers rseq areas (`__rseq_size != 0`).
@@ -597,7 +593,8 @@ mod imp {
 
         /// The child's side: glibc registers no area (its tunable says so), so this process
         /// registers its own, and the detecting thread must be able to use it; a thread
-        /// whose rseq is someone else's is refused once and not asked for again.
+        /// whose rseq is someone else's is refused once and not asked for again, and an
+        /// allocator first used there is still per-CPU for the others.
         #[test]
         #[ignore = "run in a child process by its parent test"]
         fn own_areas_child() {
@@ -609,12 +606,17 @@ mod imp {
                 return;
             }
             use crate::{CacheMode, ClassAllocator, Config};
+            // The first thread to ask registers its own area, which decides for the
+            // process (the detecting thread of the old code was refused as a duplicate).
+            assert!(
+                available(),
+                "rseq works here (the parent checked): our own area must"
+            );
+            assert!(!thread_area().is_null(), "this thread's own area");
             let a = std::sync::Arc::new(ClassAllocator::<u64>::with_config(
                 "own-areas",
                 Config::new().mode(CacheMode::PerCpu),
             ));
-            // The first thread to ask has an rseq of someone else's: what it finds holds
-            // for the process, not for itself alone.
             let on_foreign = a.clone();
             std::thread::spawn(move || {
                 std::thread_local! {
@@ -626,32 +628,21 @@ mod imp {
                 // SAFETY: a 32-byte, 32-aligned area living until the thread exits.
                 let r = FOREIGN.with(|a| unsafe { syscall(SYS_RSEQ, a.get(), 32u32, 0, RSEQ_SIG) });
                 assert_eq!(r, 0, "the foreign registration");
-                assert_eq!(
-                    REGISTRATIONS.load(Ordering::Relaxed),
-                    0,
-                    "no area asked for yet"
-                );
-                assert!(
-                    available(),
-                    "the kernel has rseq, though this thread cannot use it"
-                );
-                // The allocator's first use (its engine is built here) and this thread's
-                // operations, which go to a per-thread cache.
+                let before = REGISTRATIONS.load(Ordering::Relaxed);
+                assert!(available(), "decided for the process, not for this thread");
+                // The allocator's first use (its engine is built on this thread, which
+                // has no area) and this thread's operations, in a per-thread cache.
                 drop((0..1000).map(|i| on_foreign.alloc(i)).collect::<Vec<_>>());
                 assert_eq!(on_foreign.mode(), CacheMode::PerCpu);
                 assert_eq!(on_foreign.stats().threads, 1, "this thread's own cache");
                 for _ in 0..100 {
                     assert!(thread_area().is_null());
                 }
-                assert_eq!(REGISTRATIONS.load(Ordering::Relaxed), 1, "asked for once");
+                let asked = REGISTRATIONS.load(Ordering::Relaxed) - before;
+                assert_eq!(asked, 1, "asked for once");
             })
             .join()
             .unwrap();
-            assert!(available());
-            assert!(
-                !thread_area().is_null(),
-                "this thread registers its own area"
-            );
             drop((0..1000).map(|i| a.alloc(i)).collect::<Vec<_>>());
             let s = a.stats();
             assert!(s.is_consistent() && s.live == 0 && s.allocs == 2000, "{s}");
@@ -769,7 +760,7 @@ mod tests {
 
     #[test]
     fn pop_push_and_detach_keep_every_pointer_once_and_count_operations() {
-        if !available() {
+        if !available() || thread_area().is_null() {
             eprintln!("rseq unavailable here: nothing to test");
             return;
         }
