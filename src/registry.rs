@@ -47,8 +47,8 @@ mod imp {
     /// Runs `f` on every registered entry that still exists, with no lock held (`f` may
     /// run user code that registers allocators), and without allocating when the
     /// global allocator fails: then the list is walked one entry at a time, and an
-    /// entry may be missed if another thread registers an allocator meanwhile (which
-    /// compacts the list).
+    /// entry may be missed if an allocator is registered meanwhile, by another thread or
+    /// by `f`'s own user code (a registration compacts the list).
     pub(crate) fn for_each_registered(mut f: impl FnMut(&dyn Registered)) {
         let collected = {
             let list = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
