@@ -189,6 +189,7 @@ fn serve(a: &Args) {
             l.idle_timeout.as_secs()
         );
         tokio::spawn(dump_on_sigusr1());
+        tokio::spawn(trim_on_sigusr2());
         let ctrl_c = tokio::signal::ctrl_c();
         if seconds > 0.0 {
             tokio::select! {
@@ -248,6 +249,19 @@ async fn dump_on_sigusr1() {
         let _ = writeln!(out, "{DUMP_MARK}");
         let _ = proxalloc::stats::dump(&mut out);
         let _ = out.flush();
+    }
+}
+
+/// Gives every allocator's cached memory back (`proxalloc::trim_all`) each time the
+/// process gets SIGUSR2 (`kill -USR2 PID`), as an idle server's maintenance would.
+async fn trim_on_sigusr2() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut usr2) = signal(SignalKind::user_defined2()) else {
+        return;
+    };
+    while usr2.recv().await.is_some() {
+        let released = proxalloc::trim_all();
+        println!("trim_all (SIGUSR2): {} KiB given back", released >> 10);
     }
 }
 
@@ -385,6 +399,8 @@ struct Row {
     rss_warm: f64,
     rss_peak: f64,
     rss_end: f64,
+    /// RSS once the load has stopped and the server ran `proxalloc::trim_all()` (SIGUSR2).
+    rss_trimmed: f64,
     live: String,
     /// The allocator dump at the end of the warm-up.
     warm_dump: String,
@@ -423,6 +439,12 @@ fn run_mode(exe: &std::path::Path, a: &Args, pairing: Pairing, seconds: f64) -> 
     // The kernel updates the high-water mark lazily (when memory is unmapped), so it can
     // trail a reading it should cover.
     let rss_peak = memory_mib(&pid, "VmHWM").max(rss_warm).max(rss_end);
+    // What an idle server can give back: it trims every allocator on SIGUSR2, as a
+    // server's maintenance task would once its load stops.
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGUSR2) };
+    std::thread::sleep(Duration::from_millis(300));
+    let rss_trimmed = memory_mib(&pid, "VmRSS");
     // SAFETY: kill(2) on our own child's pid; no memory is involved.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
     let mut rest = String::new();
@@ -441,6 +463,7 @@ fn run_mode(exe: &std::path::Path, a: &Args, pairing: Pairing, seconds: f64) -> 
         rss_warm,
         rss_peak,
         rss_end,
+        rss_trimmed,
         live,
         warm_dump,
         stopped,
@@ -532,14 +555,14 @@ fn compare(a: &Args) {
         }
     }
     println!(
-        "| proxy objects | global allocator | requests/s | p50 ms | p99 ms | CPU µs/request | RSS after warm-up MiB | peak MiB | at end MiB | errors | non-2xx | live objects after |"
+        "| proxy objects | global allocator | requests/s | p50 ms | p99 ms | CPU µs/request | RSS after warm-up MiB | peak MiB | at end MiB | after `trim_all` MiB | errors | non-2xx | live objects after |"
     );
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let mut dump = None;
     for rounds in runs {
         let (mut r, all) = best(rounds, |r| r.cpu_us);
         println!(
-            "| {} | {:.0} | {:.2} | {:.2} | {:.2} ({all}) | {:.1} | {:.1} | {:.1} | {} | {} | {} |",
+            "| {} | {:.0} | {:.2} | {:.2} | {:.2} ({all}) | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} |",
             r.pairing.label(),
             r.load.rate(),
             r.load.percentile_ms(0.5),
@@ -548,6 +571,7 @@ fn compare(a: &Args) {
             r.rss_warm,
             r.rss_peak,
             r.rss_end,
+            r.rss_trimmed,
             r.load.errors,
             r.load.non_2xx,
             r.live
