@@ -240,7 +240,7 @@ impl StatCounter {
 /// between, the compiler can no longer build the value in place, so it builds it on the
 /// stack and copies it, and the copy's loads straddle the stores that built it (a
 /// store-forwarding stall; measured: `docs/benchmarks.md#atomics-on-the-fast-path`).
-/// The atomics on those paths are the allocator's table-index and instance
+/// The atomics on those paths are the allocator's offset and instance
 /// hints (read) and the thread cache's statistics counters (written by their owner, read
 /// by anyone).
 ///

@@ -461,32 +461,50 @@ mod tests {
 
     /// The fast paths find the cache through the hints alone: once set, they read as the
     /// engine's own numbers (a wrong offset or a dirty upper half would send every
-    /// operation to the slow path, which no other test notices).
+    /// operation to the slow path, which no other test notices), and every inline index
+    /// is served by the fast path (a wrong mask would miss some).
     #[test]
     fn the_fast_paths_read_the_engines_numbers_from_the_hints() {
-        // Three live allocators have three indices, so one of them is not 0 (a field read
-        // at the wrong offset could read 0 by chance).
-        let all: Vec<_> = (0..3)
+        use crate::core::table::{inline_offset, INLINE_CACHES};
+        // Live allocators have distinct indices: with this many, they cover every inline
+        // index that other tests' allocators do not hold, and some boxed ones.
+        let all: Vec<_> = (0..INLINE_CACHES + 2)
             .map(|_| ClassAllocator::<u64>::new("hints-read"))
             .collect();
         for a in &all {
             drop(a.alloc(1));
         }
-        let a = all.iter().max_by_key(|a| a.engine().index()).unwrap();
-        let e = a.engine();
-        assert!(e.index() > 0);
-        assert_eq!(
-            a.hints.index_and_instance(),
-            (e.index() as usize, e.instance())
-        );
-        // Where the index is inline, the fast path serves this thread from its cache.
-        if (e.index() as usize) < crate::core::table::INLINE_CACHES {
-            let p = a
-                .hints
-                .alloc()
-                .expect("the object just freed, from the fast path");
-            // SAFETY: the object was just taken from this allocator and is unused.
-            assert!(unsafe { a.hints.free(p) }, "freed through the fast path");
+        let mut served = 0;
+        for a in &all {
+            let e = a.engine();
+            let inline = inline_offset(e.index() as usize);
+            assert_eq!(
+                a.hints.offset_and_instance(),
+                match inline {
+                    Some(offset) => (offset as usize, e.instance()),
+                    None => (0, u64::MAX), // boxed caches: the slow path's
+                }
+            );
+            // Where the index is inline, the fast path serves this thread from its cache.
+            if inline.is_some() {
+                let p = a
+                    .hints
+                    .alloc()
+                    .expect("the object just freed, from the fast path");
+                // SAFETY: the object was just taken from this allocator and is unused.
+                assert!(unsafe { a.hints.free(p) }, "freed through the fast path");
+                served += 1;
+            } else {
+                assert!(
+                    a.hints.alloc().is_none(),
+                    "a boxed cache is the slow path's"
+                );
+            }
         }
+        assert!(all
+            .iter()
+            .any(|a| a.engine().index() as usize == INLINE_CACHES - 1
+                || a.engine().index() as usize >= INLINE_CACHES));
+        assert!(served > 0);
     }
 }

@@ -27,18 +27,22 @@ use crate::registry::Registered;
 use crate::stats::Stats;
 use crate::sync::{self, const_fn, Arc};
 
-/// Copies of an engine's table index and instance number, kept by its front end so that
-/// the fast paths find this thread's cache without touching the engine. Only hints (std
+/// Where an engine's inline thread cache is in a thread's table, and its instance number,
+/// kept by its front end so that the fast paths find this thread's cache without touching
+/// the engine. Only hints (std
 /// atomics even under loom: nothing is published through them): until they are set
 /// they match no cache, and a mismatch takes the slow path, which uses the engine's own
 /// numbers.
 ///
-/// A per-CPU allocator's hints match no thread cache (its index stays unset); they
-/// point at its CPU caches instead, which the fast paths then use.
+/// A per-CPU allocator's hints match no thread cache (its instance stays unset); they
+/// point at its CPU caches instead, which the fast paths then use. So do the hints of an
+/// allocator whose caches are boxed (an index past the inline ones): the slow path finds
+/// those.
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Hints {
-    index: sync::process::AtomicU32,
+    /// The inline cache's byte offset in a thread's table (see [`table::inline_offset`]).
+    offset: sync::process::AtomicU32,
     instance: sync::process::AtomicU64,
     /// Where the per-CPU caches are (null for other allocators): in the engine, which
     /// lives as long as the allocator that holds these hints.
@@ -47,11 +51,11 @@ pub(crate) struct Hints {
 
 impl Hints {
     const_fn! {
-        /// Hints that match no cache: an index past the inline caches, and an instance
-        /// number no engine has (not even an unused entry's).
+        /// Hints that match no cache: an instance number no engine has (not even an
+        /// unused entry's), at the first cache's offset.
         pub(crate) fn unset() -> Self {
             Hints {
-                index: sync::process::AtomicU32::new(u32::MAX),
+                offset: sync::process::AtomicU32::new(0),
                 instance: sync::process::AtomicU64::new(u64::MAX),
                 cpus: sync::process::AtomicPtr::new(std::ptr::null_mut()),
             }
@@ -72,7 +76,12 @@ impl Hints {
             self.cpus.store(array, Ordering::Release);
             return;
         }
-        self.index.store(engine.index(), Ordering::Relaxed);
+        let Some(offset) = table::inline_offset(engine.index() as usize) else {
+            return;
+        };
+        // The offset first: a fast path that reads the new instance with the old
+        // offset compares it with the first inline cache's, which is another engine's.
+        self.offset.store(offset, Ordering::Relaxed);
         if !capped {
             self.instance.store(engine.instance(), Ordering::Relaxed);
         }
@@ -98,19 +107,19 @@ impl Hints {
     /// This thread's inline cache, if it has one (see [`table::lookup_fast`]).
     #[inline(always)]
     fn owner(&self) -> Option<Owner<'static>> {
-        let (index, instance) = self.index_and_instance();
-        table::lookup_fast(index, instance)
+        let (offset, instance) = self.offset_and_instance();
+        table::lookup_fast(offset, instance)
     }
 
-    /// The table-index and instance hints, read as the fast paths read them.
+    /// The offset and instance hints, read as the fast paths read them.
     #[inline(always)]
-    pub(crate) fn index_and_instance(&self) -> (usize, u64) {
+    pub(crate) fn offset_and_instance(&self) -> (usize, u64) {
         // Not `load(Relaxed)`: see `sync::relaxed` (an atomic here would make every
         // caller's value be built on the stack and copied).
-        const INDEX: usize = std::mem::offset_of!(Hints, index);
+        const OFFSET: usize = std::mem::offset_of!(Hints, offset);
         const INSTANCE: usize = std::mem::offset_of!(Hints, instance);
         // SAFETY: the two fields are `self`'s atomics.
-        unsafe { sync::relaxed::load_u32_u64::<INDEX, INSTANCE>(std::ptr::from_ref(self).cast()) }
+        unsafe { sync::relaxed::load_u32_u64::<OFFSET, INSTANCE>(std::ptr::from_ref(self).cast()) }
     }
 
     /// The fast path of an allocation: an object from this thread's loaded magazine, or
@@ -498,10 +507,11 @@ impl Registered for Engine {
 mod tests {
     use super::Hints;
 
-    /// Unset hints read as an index past the table and an instance no engine has.
+    /// Unset hints read as an instance no engine has, and find no cache.
     #[test]
     fn unset_hints_match_no_cache() {
         let unset = Hints::unset();
-        assert_eq!(unset.index_and_instance(), (u32::MAX as usize, u64::MAX));
+        assert_eq!(unset.offset_and_instance(), (0, u64::MAX));
+        assert!(unset.alloc().is_none());
     }
 }

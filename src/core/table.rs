@@ -446,12 +446,14 @@ pub(crate) enum Lookup {
 /// none: [`lookup_fast`], then the boxed caches of higher indices (the slow paths' lookup).
 #[inline]
 pub(crate) fn lookup(index: u32, instance: u64) -> Lookup {
-    if let Some(cache) = lookup_fast(index as usize, instance) {
-        return Lookup::Cache(cache);
+    let index = index as usize;
+    if let Some(offset) = inline_offset(index) {
+        if let Some(cache) = lookup_fast(offset as usize, instance) {
+            return Lookup::Cache(cache);
+        }
     }
     LOCAL
         .try_with(|table| {
-            let index = index as usize;
             if index < INLINE_CACHES {
                 Lookup::Unregistered
             } else {
@@ -461,24 +463,58 @@ pub(crate) fn lookup(index: u32, instance: u64) -> Lookup {
         .unwrap_or(Lookup::TornDown)
 }
 
-/// The fast paths' lookup: a bounds check and a compare of the instance, in the same
-/// cache line as the cache's fast-path fields. It finds this thread's inline cache for
-/// `(index, instance)`, or `None` for anything else (a boxed cache, no cache, teardown),
-/// which the slow paths sort out with [`lookup`]. It makes no calls, so the fast paths
-/// around it make none either.
+/// Bytes of one inline cache in the table.
+const CACHE_BYTES: usize = std::mem::size_of::<ThreadCache>();
+
+/// Whether an offset can be brought into the table with a mask: both sizes are powers
+/// of two (a cache is two lines; four in debug builds); loom's atomics make a cache
+/// larger, and the lookup then checks the offset instead.
+const MASKABLE: bool = CACHE_BYTES.is_power_of_two() && INLINE_CACHES.is_power_of_two();
+
+/// The mask that maps any offset to the start of an inline cache (when [`MASKABLE`]).
+const OFFSET_MASK: usize = (INLINE_CACHES * CACHE_BYTES - 1) & !(CACHE_BYTES - 1);
+
+#[cfg(not(proxalloc_loom))]
+const _: () = assert!(MASKABLE, "the fast paths' lookup masks its offset");
+
+/// Where the inline cache of allocator `index` is in a thread's table, in bytes: what an
+/// allocator's hints keep for [`lookup_fast`]. `None` for an index whose caches are boxed.
+pub(crate) const fn inline_offset(index: usize) -> Option<u32> {
+    if index < INLINE_CACHES {
+        Some((index * CACHE_BYTES) as u32)
+    } else {
+        None
+    }
+}
+
+/// The fast paths' lookup: the inline cache at `offset` (see [`inline_offset`]) if its
+/// instance is `instance`, in the same cache line as the cache's fast-path fields, or
+/// `None` for anything else (a boxed cache, no cache, teardown), which the slow paths
+/// sort out with [`lookup`]. It makes no calls, so the fast paths around it make none
+/// either.
+///
+/// Any `offset` is safe: it is masked into the table (one `and`, where an index would
+/// take a bounds check and a multiply), and an offset that is no allocator's lands on
+/// a cache whose instance does not match. Hints that match no cache keep offset 0 and
+/// an instance no engine has.
 ///
 /// The witness it returns is not kept across code that may run user code (see
 /// [`Owner`]); `'static` stands for "until this thread retires the cache".
 #[inline(always)]
-pub(crate) fn lookup_fast(index: usize, instance: u64) -> Option<Owner<'static>> {
-    if index >= INLINE_CACHES {
+pub(crate) fn lookup_fast(offset: usize, instance: u64) -> Option<Owner<'static>> {
+    let offset = if MASKABLE {
+        offset & OFFSET_MASK
+    } else if offset < INLINE_CACHES * CACHE_BYTES && offset % CACHE_BYTES == 0 {
+        offset
+    } else {
         return None;
-    }
+    };
     LOCAL
         .try_with(|table| {
-            // SAFETY: in bounds; entries are always valid caches, and the owner part is
-            // never borrowed across a call into the allocator.
-            let cache = unsafe { table.fast().add(index) };
+            // SAFETY: `offset` is the start of an inline cache (masked or checked
+            // above); entries are always valid caches, and the owner part is never
+            // borrowed across a call into the allocator.
+            let cache = unsafe { table.fast().byte_add(offset) };
             // SAFETY: as above; this thread owns the table. An inline cache lives as
             // long as the thread.
             (unsafe { ThreadCache::instance(cache) } == instance)

@@ -128,9 +128,13 @@ impl Counters {
 ///   pointer to the field, never a reference to the whole cache.
 ///
 /// The fast paths' fields (the owned part, 48 bytes) and their two counters come first,
-/// in one cache line.
+/// in one cache line. A cache is two lines, a power of two, so the fast paths' lookup
+/// can mask an offset into the table (`table::lookup_fast`); debug builds' owner check
+/// makes it larger, and they align it to 128 so that the tests run that same lookup.
 #[derive(Debug)]
-#[repr(C, align(64))]
+#[repr(C)]
+#[cfg_attr(not(debug_assertions), repr(align(64)))]
+#[cfg_attr(debug_assertions, repr(align(128)))]
 pub(crate) struct ThreadCache {
     owned: UnsafeCell<OwnerPart>,
     /// What this cache did, bumped by its thread only.
