@@ -10,7 +10,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion};
 use proxalloc_tools::criterion_groups::{group, mix_group};
 use proxalloc_tools::lineup::{contenders, peer_mixes, Work, PEER_SUITE};
-use proxalloc_tools::workloads::{Obj, BATCH};
+use proxalloc_tools::workloads::{Obj, Zeroed, BATCH};
 
 fn all(c: &mut Criterion) {
     let c64 = contenders::<Obj<64>>(&PEER_SUITE);
@@ -35,8 +35,8 @@ fn all(c: &mut Criterion) {
         64,
         64,
     );
-    mix_group(c, "w5-request-mix-1-thread", &peer_mixes(), false);
-    mix_group(c, "w5-request-mix-2-threads", &peer_mixes(), true);
+    mix_group(c, "w5-request-mix-1-thread", &peer_mixes::<Zeroed>(), false);
+    mix_group(c, "w5-request-mix-2-threads", &peer_mixes::<Zeroed>(), true);
 }
 
 criterion_group! {

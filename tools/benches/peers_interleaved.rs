@@ -1,5 +1,6 @@
 //! The peer comparison, interleaved: each round runs one sample of every contender on
-//! every workload (W1–W4 at 64 and 256 B, W5 on one and two threads), so machine state
+//! every workload (W1–W4 at 64 and 256 B, W5 on one and two threads, its objects written
+//! at their ends and zeroed whole), so machine state
 //! changes hit all alike. Single-thread workloads report the minimum over the rounds,
 //! two-thread ones the median; ratios are within the run. Writes the tables to stdout
 //! and as CSV to the workspace's `target/peers.csv` (or the `--csv` path).
@@ -10,7 +11,7 @@
 
 use proxalloc_tools::lineup::{contenders, peer_mixes, Work, PEER_SUITE};
 use proxalloc_tools::runner::{Args, Runner, Stat};
-use proxalloc_tools::workloads::Obj;
+use proxalloc_tools::workloads::{Ends, Obj, Zeroed};
 
 fn main() {
     let mut args = Args::parse(30);
@@ -19,7 +20,12 @@ fn main() {
         .get_or_insert_with(|| proxalloc_tools::runner::target_dir().join("peers.csv"));
     let c64 = contenders::<Obj<64>>(&PEER_SUITE);
     let c256 = contenders::<Obj<256>>(&PEER_SUITE);
-    let mix = peer_mixes();
+    // W5 twice: objects written at their first and last word (the request mix as the
+    // targets define it), and objects zeroed whole (10.75 KiB of stores a request).
+    let mix = [
+        ("W5 request mix", peer_mixes::<Ends>()),
+        ("W5 zeroed mix", peer_mixes::<Zeroed>()),
+    ];
     // The two-thread workloads run on two long-lived workers; "W3 two new threads"
     // starts two threads for each sample, so it includes their first use (the floor's
     // new threads fill their stacks from malloc: no floor there). "W4 polled" is W4
@@ -46,13 +52,20 @@ fn main() {
             }
         }
     }
-    for (name, two, stat) in [
-        ("W5 request mix, 1 thread", false, Stat::Min),
-        ("W5 request mix, 2 threads", true, Stat::Median),
-    ] {
-        let t = run.table(name, "ns/request", stat, "lower-bound");
-        for m in &mix {
-            run.cell(t, m.name, m.peer, move || Some((m.run)(two, 500)));
+    for (mix_name, mixes) in &mix {
+        for (threads, two, stat) in [
+            ("1 thread", false, Stat::Min),
+            ("2 threads", true, Stat::Median),
+        ] {
+            let t = run.table(
+                format!("{mix_name}, {threads}"),
+                "ns/request",
+                stat,
+                "lower-bound",
+            );
+            for m in mixes {
+                run.cell(t, m.name, m.peer, move || Some((m.run)(two, 500)));
+            }
         }
     }
     run.run(args.rounds);

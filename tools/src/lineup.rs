@@ -5,7 +5,9 @@
 use proxalloc::CacheMode;
 
 use super::contenders::*;
-use super::workloads::{w1, w2, w3, w3_new_threads, w4, w4_polled, w5, w5_two, Mix, Obj, Object};
+use super::workloads::{
+    w1, w2, w3, w3_new_threads, w4, w4_polled, w5, w5_two, Mix, Object, Objects,
+};
 
 /// The peer suite (`peers`, `peers_interleaved`): every contender but `proxalloc-local`
 /// (whose cache is one thread's), the floor first.
@@ -189,7 +191,7 @@ type MakeMix = fn(&'static str) -> MixEntry;
 /// which measure RSS and never use them
 /// (`docs/benchmarks.md#peers-kept-out-of-the-rss-tools`).
 #[inline]
-fn mix_table() -> [(&'static str, MakeMix); 13] {
+fn mix_table<F: Objects>() -> [(&'static str, MakeMix); 13] {
     // `$make` builds the allocator for `$n`-byte objects; contenders that serve every
     // size with one value (`leak(SystemBox)`) do not name `$n`, hence the `allow`.
     macro_rules! mix {
@@ -216,6 +218,7 @@ fn mix_table() -> [(&'static str, MakeMix); 13] {
                         const $n: usize = 128;
                         $make
                     },
+                    objects: std::marker::PhantomData::<fn() -> F>,
                 });
                 MixEntry {
                     name,
@@ -229,23 +232,25 @@ fn mix_table() -> [(&'static str, MakeMix); 13] {
         ("lower-bound", mix!(false, |N| leak(LowerBound))),
         (
             "proxalloc",
-            mix!(false, |N| Proxalloc::<Obj<N>>::new(CacheMode::ThreadCaches)),
+            mix!(false, |N| Proxalloc::<F::Of<N>>::new(
+                CacheMode::ThreadCaches
+            )),
         ),
         (
             "proxalloc-percpu",
-            mix!(false, |N| Proxalloc::<Obj<N>>::new(CacheMode::PerCpu)),
+            mix!(false, |N| Proxalloc::<F::Of<N>>::new(CacheMode::PerCpu)),
         ),
         (
             "proxalloc-one-word",
-            mix!(false, |N| ProxallocOneWord::<Obj<N>>::new()),
+            mix!(false, |N| ProxallocOneWord::<F::Of<N>>::new()),
         ),
         (
             "proxalloc-depot-only",
-            mix!(false, |N| Proxalloc::<Obj<N>>::new(CacheMode::DepotOnly)),
+            mix!(false, |N| Proxalloc::<F::Of<N>>::new(CacheMode::DepotOnly)),
         ),
         (
             "proxalloc-bypass",
-            mix!(false, |N| Proxalloc::<Obj<N>>::new(CacheMode::Bypass)),
+            mix!(false, |N| Proxalloc::<F::Of<N>>::new(CacheMode::Bypass)),
         ),
         ("box-system", mix!(true, |N| leak(SystemBox))),
         (
@@ -260,46 +265,47 @@ fn mix_table() -> [(&'static str, MakeMix); 13] {
             "object-pool",
             mix!(true, |N| leak(ObjectPool(object_pool::Pool::new(
                 0,
-                Obj::<N>::default
+                <F::Of<N>>::default
             )))),
         ),
         (
             "lockfree-object-pool",
             mix!(true, |N| leak(LockfreePool(
-                lockfree_object_pool::LinearObjectPool::new(Obj::<N>::default, |_| {})
+                lockfree_object_pool::LinearObjectPool::new(<F::Of<N>>::default, |_| {})
             ))),
         ),
         (
             "sharded-slab",
             mix!(true, |N| leak(ShardedSlab(
-                sharded_slab::Pool::<Obj<N>>::new()
+                sharded_slab::Pool::<F::Of<N>>::new()
             ))),
         ),
         (
             "arrayqueue-pool",
             mix!(true, |N| leak(ArrayQueuePool(
-                crossbeam_queue::ArrayQueue::<Box<Obj<N>>>::new(4096)
+                crossbeam_queue::ArrayQueue::<Box<F::Of<N>>>::new(4096)
             ))),
         ),
     ]
 }
 
-/// The W5 contender called `name`, if there is one.
+/// The W5 contender called `name`, with objects of family `F`, if there is one.
 #[inline]
-pub fn mix(name: &str) -> Option<MixEntry> {
-    let (name, make) = mix_table().into_iter().find(|(n, _)| *n == name)?;
+pub fn mix<F: Objects>(name: &str) -> Option<MixEntry> {
+    let (name, make) = mix_table::<F>().into_iter().find(|(n, _)| *n == name)?;
     Some(make(name))
 }
 
 /// The peer suite's W5 contenders, in its order (every one has a request mix).
 #[inline]
-pub fn peer_mixes() -> Vec<MixEntry> {
-    PEER_SUITE.iter().filter_map(|n| mix(n)).collect()
+pub fn peer_mixes<F: Objects>() -> Vec<MixEntry> {
+    PEER_SUITE.iter().filter_map(|n| mix::<F>(n)).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workloads::{Ends, Obj, Zeroed};
 
     /// Every name the tables list builds a contender, so none drops out of a run unseen.
     #[test]
@@ -307,7 +313,29 @@ mod tests {
         for n in PEER_SUITE.iter().chain(&FAST_PATH) {
             assert!(contender::<Obj<64>>(n).is_some(), "{n}");
         }
-        let mixes: Vec<_> = peer_mixes().iter().map(|m| m.name).collect();
+        let mixes: Vec<_> = peer_mixes::<Zeroed>().iter().map(|m| m.name).collect();
         assert_eq!(mixes, PEER_SUITE);
+        let mixes: Vec<_> = peer_mixes::<Ends>().iter().map(|m| m.name).collect();
+        assert_eq!(mixes, PEER_SUITE);
+    }
+
+    /// W5's objects as the targets define them: the index at both ends, whatever the size.
+    #[test]
+    fn sparse_objects_carry_their_index_at_both_ends() {
+        use crate::workloads::Sparse;
+        fn ends<const N: usize>(o: &Sparse<N>) -> [u8; 16] {
+            // SAFETY: `Object::new` writes the first and last 8 bytes.
+            std::array::from_fn(|k| unsafe {
+                o.0[if k < 8 { k } else { N - 16 + k }].assume_init()
+            })
+        }
+        let i = 0x0123_4567_89ab_cdef_u64;
+        let want: Vec<u8> = [i.to_le_bytes(), i.to_le_bytes()].concat();
+        assert_eq!(ends(&<Sparse<2048> as Object>::new(i)).to_vec(), want);
+        assert_eq!(ends(&<Sparse<16> as Object>::new(i)).to_vec(), want);
+        // Every contender runs both forms of W5 (a few requests, one thread).
+        for m in peer_mixes::<Ends>().iter().chain(&peer_mixes::<Zeroed>()) {
+            assert!((m.run)(false, 3) >= 0.0, "{}", m.name);
+        }
     }
 }
