@@ -79,8 +79,9 @@ impl Hints {
         let Some(offset) = table::inline_offset(engine.index() as usize) else {
             return;
         };
-        // The offset first: a fast path that reads the new instance with the old
-        // offset compares it with the first inline cache's, which is another engine's.
+        // Either order is safe: a fast path that reads one new hint and one old one
+        // compares an instance no engine has, or this engine's instance with the first
+        // inline cache's, which is another engine's or (index 0) this one's own.
         self.offset.store(offset, Ordering::Relaxed);
         if !capped {
             self.instance.store(engine.instance(), Ordering::Relaxed);

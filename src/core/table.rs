@@ -487,6 +487,20 @@ pub(crate) const fn inline_offset(index: usize) -> Option<u32> {
     }
 }
 
+/// `offset` brought to the start of an inline cache: masked (so any offset lands on
+/// one), or where the sizes do not allow a mask, checked (`None` for one that is no
+/// cache's start).
+#[inline(always)]
+fn cache_start(offset: usize) -> Option<usize> {
+    if MASKABLE {
+        Some(offset & OFFSET_MASK)
+    } else if offset < INLINE_CACHES * CACHE_BYTES && offset % CACHE_BYTES == 0 {
+        Some(offset)
+    } else {
+        None
+    }
+}
+
 /// The fast paths' lookup: the inline cache at `offset` (see [`inline_offset`]) if its
 /// instance is `instance`, in the same cache line as the cache's fast-path fields, or
 /// `None` for anything else (a boxed cache, no cache, teardown), which the slow paths
@@ -502,13 +516,7 @@ pub(crate) const fn inline_offset(index: usize) -> Option<u32> {
 /// [`Owner`]); `'static` stands for "until this thread retires the cache".
 #[inline(always)]
 pub(crate) fn lookup_fast(offset: usize, instance: u64) -> Option<Owner<'static>> {
-    let offset = if MASKABLE {
-        offset & OFFSET_MASK
-    } else if offset < INLINE_CACHES * CACHE_BYTES && offset % CACHE_BYTES == 0 {
-        offset
-    } else {
-        return None;
-    };
+    let offset = cache_start(offset)?;
     LOCAL
         .try_with(|table| {
             // SAFETY: `offset` is the start of an inline cache (masked or checked
@@ -608,4 +616,40 @@ pub(crate) fn uninstall(engine: &Engine) -> usize {
         }
     });
     garbage.release()
+}
+
+#[cfg(all(test, not(proxalloc_loom)))]
+mod tests {
+    use super::*;
+
+    /// Every allocator's offset finds its own cache, and any other offset some cache's
+    /// start inside the table (the lookup reads there before it compares instances).
+    #[test]
+    fn any_offset_lands_on_a_cache_and_an_allocators_on_its_own() {
+        let table = INLINE_CACHES * CACHE_BYTES;
+        for index in 0..INLINE_CACHES {
+            let own = inline_offset(index).unwrap() as usize;
+            assert_eq!(own, index * CACHE_BYTES);
+            assert_eq!(cache_start(own), Some(own));
+        }
+        assert_eq!(inline_offset(INLINE_CACHES), None);
+        for offset in [
+            1,
+            CACHE_BYTES - 1,
+            table,
+            table + CACHE_BYTES,
+            u32::MAX as usize,
+        ] {
+            if let Some(start) = cache_start(offset) {
+                assert!(
+                    start < table && start % CACHE_BYTES == 0,
+                    "{offset} -> {start}"
+                );
+            }
+        }
+        // No cache has an instance no engine has, whatever the offset.
+        for offset in [0, 3 * CACHE_BYTES + 5, table + 7, usize::MAX] {
+            assert!(lookup_fast(offset, u64::MAX).is_none());
+        }
+    }
 }
