@@ -144,8 +144,9 @@ impl Drop for Armed {
 static OBJS_MADE: AtomicU64 = AtomicU64::new(0);
 static OBJS_DROPPED: AtomicU64 = AtomicU64::new(0);
 
-/// 256 bytes, 128-aligned: no layout of the crate's own (a thread cache is 64-aligned).
-#[repr(C, align(128))]
+/// 256 bytes, 256-aligned: no layout of the crate's own (a thread cache is 64-aligned, and
+/// 128-aligned and 256 bytes in debug builds).
+#[repr(C, align(256))]
 struct Obj {
     id: u64,
     _pad: [u8; 248],
