@@ -131,10 +131,12 @@ impl Counters {
 /// in one cache line. A cache is two lines, a power of two, so the fast paths' lookup
 /// can mask an offset into the table (`table::lookup_fast`); debug builds' owner check
 /// makes it larger, and they align it to 128 so that the tests run that same lookup.
+/// (Not under loom: its caches are larger still, the lookup checks offsets there, and a
+/// table of larger caches overflows the stacks of loom's threads.)
 #[derive(Debug)]
 #[repr(C)]
-#[cfg_attr(not(debug_assertions), repr(align(64)))]
-#[cfg_attr(debug_assertions, repr(align(128)))]
+#[cfg_attr(any(not(debug_assertions), proxalloc_loom), repr(align(64)))]
+#[cfg_attr(all(debug_assertions, not(proxalloc_loom)), repr(align(128)))]
 pub(crate) struct ThreadCache {
     owned: UnsafeCell<OwnerPart>,
     /// What this cache did, bumped by its thread only.
