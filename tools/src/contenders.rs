@@ -10,8 +10,10 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::UnsafeCell;
 use std::hint::black_box;
+use std::mem::MaybeUninit;
 use std::ops::Deref;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proxalloc::{CacheMode, ClassAllocator, ClassBox, Config, LocalCache};
 
@@ -252,6 +254,66 @@ contender! {
         }
         fn touch(h) {
             black_box(*h);
+        }
+    }
+}
+
+// ---- W4's floor: a ring of slots, no allocator ----
+
+/// W4's floor: no allocator at all. The allocating thread takes the slots of a fixed ring
+/// in turn, and a free only drops the value, so what W4 costs with it is the workload's
+/// own: building the objects, handing their handles over in batches, and the objects'
+/// and handles' lines moving between the two cores. The W1-W3 floor (a thread-local
+/// stack) cannot take a remote free; this one takes nothing else.
+///
+/// It checks nothing, so that it costs nothing: [`HandoffFloor::new`]'s caller promises
+/// the workload's shape instead.
+pub struct HandoffFloor<T> {
+    slots: Box<[UnsafeCell<MaybeUninit<T>>]>,
+    /// The next slot to hand out; only the one allocating thread reads and writes it.
+    next: AtomicUsize,
+}
+
+// SAFETY: the slots are shared between the allocating thread, which writes a value into
+// a slot it hands out, and the freeing one, which drops it; `new`'s contract keeps the
+// two from touching one slot at the same time, and the hand-off of the handle between
+// them (W4's channel or queue) orders the accesses.
+unsafe impl<T: Send> Sync for HandoffFloor<T> {}
+
+impl<T> HandoffFloor<T> {
+    /// Slots for W4: more than it keeps in flight (a batch of 64 being built, four in the
+    /// queue and one being freed: 384 objects).
+    pub const SLOTS: usize = 512;
+
+    /// # Safety
+    /// Only one thread allocates, and fewer than [`Self::SLOTS`] objects are live at any
+    /// time (each freed before the ring comes round to its slot again), as in W4.
+    pub unsafe fn new() -> Self {
+        HandoffFloor {
+            slots: (0..Self::SLOTS)
+                .map(|_| UnsafeCell::new(MaybeUninit::uninit()))
+                .collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+}
+
+contender! {
+    impl['a, T] Contender<'a, T> for HandoffFloor<T> {
+        type Handle = RawBox<T>;
+        fn alloc(&self, v) {
+            // Load and store, not an atomic add: the allocating thread is the only one.
+            let i = self.next.load(Ordering::Relaxed);
+            self.next.store((i + 1) % Self::SLOTS, Ordering::Relaxed);
+            let p = self.slots[i].get().cast::<T>();
+            // SAFETY: `new`'s contract: the slot's previous value was freed, and nobody
+            // else uses the slot until this handle is freed.
+            unsafe { p.write(v) };
+            RawBox(NonNull::new(p).expect("a slot's address"))
+        }
+        fn free(&self, h) {
+            // SAFETY: the handle owns the live value it points to.
+            unsafe { h.0.as_ptr().drop_in_place() }
         }
     }
 }

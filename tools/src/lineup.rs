@@ -92,9 +92,23 @@ type Make = fn(&'static str) -> Entry;
 /// Every object contender for objects of type `O`: its name and how to build it.
 fn object_table<O: Object>() -> [(&'static str, Make); 14] {
     [
-        // No shared level: a remote free would strand memory on the freeing thread.
+        // The thread-local stack has no shared level (a remote free would strand memory
+        // on the freeing thread), so W4 gets its own floor: a ring of slots.
         ("lower-bound", |n| {
-            entry::<O, _>(n, false, false, leak(LowerBound))
+            let stack = entry::<O, _>(n, false, false, leak(LowerBound));
+            // SAFETY: the ring serves only W4, where one worker allocates and at most 384
+            // objects are live (`HandoffFloor::SLOTS`).
+            let ring = leak(unsafe { HandoffFloor::<O>::new() });
+            let run = move |w| match w {
+                Work::W4(k) => Some(w4(ring, k, O::new)),
+                Work::W4Polled(k) => Some(w4_polled(ring, k, O::new)),
+                _ => (stack.run)(w),
+            };
+            Entry {
+                name: n,
+                peer: false,
+                run: Box::new(run),
+            }
         }),
         ("proxalloc", |n| {
             entry::<O, _>(n, false, true, Proxalloc::<O>::new(CacheMode::ThreadCaches))
@@ -336,6 +350,29 @@ mod tests {
         // Every contender runs both forms of W5 (a few requests, one thread).
         for m in peer_mixes::<Ends>().iter().chain(&peer_mixes::<Zeroed>()) {
             assert!((m.run)(false, 3) >= 0.0, "{}", m.name);
+        }
+    }
+
+    /// Every contender runs every object workload it takes, and the ones a table needs
+    /// for its ratios take all of theirs: the floor (W4 through its ring) and proxalloc.
+    #[test]
+    fn every_contender_runs_its_workloads() {
+        let works = [
+            Work::W1(10),
+            Work::W2(1),
+            Work::W3(1),
+            Work::W3New(1),
+            Work::W4(8),
+            Work::W4Polled(8),
+        ];
+        for e in contenders::<Obj<256>>(&PEER_SUITE) {
+            for w in works {
+                let r = (e.run)(w);
+                if matches!(e.name, "lower-bound" | "proxalloc" | "arrayqueue-pool") {
+                    assert!(r.is_some(), "{} {w:?}", e.name);
+                }
+                assert!(r.is_none_or(|ns| ns >= 0.0), "{} {w:?}", e.name);
+            }
         }
     }
 }

@@ -11,8 +11,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// A run's command line: `[rounds] [--csv PATH] [--only NAME,..] [--tables TEXT,..]`, in
-/// any order. Other arguments are ignored: `cargo bench` passes `--bench` to every bench
+/// A run's command line: `[rounds] [--csv PATH] [--only NAME,..] [--tables TEXT,..]
+/// [--spread]`, in any order. Other arguments are ignored: `cargo bench` passes `--bench` to every bench
 /// binary.
 pub struct Args {
     pub rounds: usize,
@@ -24,6 +24,9 @@ pub struct Args {
     pub only: Option<Vec<String>>,
     /// `--tables`: run only the tables whose workload names contain one of these.
     pub tables: Option<Vec<String>>,
+    /// `--spread`: also print each cell's deciles, for the tables whose samples are
+    /// spread by scheduling (a median over two modes says little on its own).
+    pub spread: bool,
 }
 
 impl Args {
@@ -31,7 +34,7 @@ impl Args {
         let mut args = std::env::args().skip(1);
         let mut rounds = None;
         let mut csv = None;
-        let (mut only, mut tables) = (None, None);
+        let (mut only, mut tables, mut spread) = (None, None, false);
         let list = |s: Option<String>, flag: &str| -> Option<Vec<String>> {
             let s = s.unwrap_or_else(|| panic!("{flag} takes a comma-separated list"));
             Some(s.split(',').map(str::to_owned).collect())
@@ -43,6 +46,8 @@ impl Args {
                 only = list(args.next(), "--only");
             } else if a == "--tables" {
                 tables = list(args.next(), "--tables");
+            } else if a == "--spread" {
+                spread = true;
             } else if rounds.is_none() {
                 rounds = a.parse().ok();
             }
@@ -52,6 +57,7 @@ impl Args {
             csv,
             only,
             tables,
+            spread,
         }
     }
 }
@@ -224,15 +230,19 @@ impl<'a> Runner<'a> {
         }
     }
 
+    /// The cells of table `i` that have samples.
+    fn sampled_cells(&self, i: usize) -> Vec<&Cell<'a>> {
+        self.cells
+            .iter()
+            .filter(|c| c.table == i && !c.samples.is_empty())
+            .collect()
+    }
+
     /// Each table that has samples, summed up.
     fn summaries(&self) -> Vec<Summary<'_>> {
         let mut out = Vec::new();
         for (i, t) in self.tables.iter().enumerate() {
-            let cells: Vec<&Cell> = self
-                .cells
-                .iter()
-                .filter(|c| c.table == i && !c.samples.is_empty())
-                .collect();
+            let cells = self.sampled_cells(i);
             if cells.is_empty() {
                 continue;
             }
@@ -329,8 +339,35 @@ impl<'a> Runner<'a> {
     /// The end of every run: the tables on stdout, and as CSV where `args` asks.
     pub fn report(&self, args: &Args) {
         self.print();
+        if args.spread {
+            self.print_spread();
+        }
         if let Some(path) = &args.csv {
             self.write_csv(path);
+        }
+    }
+
+    /// Each cell's samples at the 10th, 25th, 50th, 75th and 90th percentiles.
+    fn print_spread(&self) {
+        for (i, t) in self.tables.iter().enumerate() {
+            let cells = self.sampled_cells(i);
+            if cells.is_empty() {
+                continue;
+            }
+            println!("\n{} (spread of the samples, {})", t.workload, t.unit);
+            print!(
+                "{}",
+                header(&["contender", "p10", "p25", "p50", "p75", "p90"])
+            );
+            for c in cells {
+                let mut s = c.samples.clone();
+                s.sort_by(f64::total_cmp);
+                print!("| {} |", c.name);
+                for q in [10, 25, 50, 75, 90] {
+                    print!(" {:.2} |", s[(s.len() - 1) * q / 100]);
+                }
+                println!();
+            }
         }
     }
 
