@@ -25,36 +25,69 @@ pub(crate) trait Registered: Send + Sync {
 
 #[cfg(not(proxalloc_loom))]
 mod imp {
-    use std::sync::{Arc, Mutex, Weak};
+    use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
     use super::Registered;
 
-    static REGISTERED: Mutex<Vec<Weak<dyn Registered>>> = Mutex::new(Vec::new());
+    /// The entries, and how many walks by index are under way: while one is, a
+    /// registration appends without dropping dead entries, so that no live entry moves
+    /// to an index the walk has passed.
+    struct List {
+        entries: Vec<Weak<dyn Registered>>,
+        walks: usize,
+    }
+
+    static REGISTERED: Mutex<List> = Mutex::new(List {
+        entries: Vec::new(),
+        walks: 0,
+    });
+
+    fn list() -> MutexGuard<'static, List> {
+        REGISTERED.lock().unwrap_or_else(|e| e.into_inner())
+    }
 
     pub(crate) fn register<R: Registered + 'static>(source: &Arc<R>) {
         let weak: Weak<dyn Registered> = Arc::downgrade(source) as Weak<R>;
-        let mut list = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
-        list.retain(|w| w.strong_count() > 0);
-        list.push(weak);
+        let mut list = list();
+        if list.walks == 0 {
+            list.entries.retain(|w| w.strong_count() > 0);
+        }
+        list.entries.push(weak);
     }
 
     /// The registered allocators and block sources that still exist, in registration order.
     pub(crate) fn registered() -> Vec<Arc<dyn Registered>> {
-        let list = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
-        list.iter().filter_map(Weak::upgrade).collect()
+        list().entries.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// A walk by index under way, counted in the list until dropped (also when `f`
+    /// unwinds).
+    struct Walk;
+
+    impl Walk {
+        fn start() -> Walk {
+            list().walks += 1;
+            Walk
+        }
+    }
+
+    impl Drop for Walk {
+        fn drop(&mut self) {
+            list().walks -= 1;
+        }
     }
 
     /// Runs `f` on every registered entry that still exists, with no lock held (`f` may
     /// run user code that registers allocators), and without allocating when the
-    /// global allocator fails: then the list is walked one entry at a time, and an
-    /// entry may be missed if an allocator is registered meanwhile, by another thread or
-    /// by `f`'s own user code (a registration compacts the list).
+    /// global allocator fails: then the list is walked one entry at a time, and entries
+    /// registered meanwhile (by another thread or by `f`'s own user code) are appended
+    /// and walked too.
     pub(crate) fn for_each_registered(mut f: impl FnMut(&dyn Registered)) {
         let collected = {
-            let list = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+            let list = list();
             let mut v = Vec::new();
-            v.try_reserve_exact(list.len()).ok().map(|()| {
-                v.extend(list.iter().filter_map(Weak::upgrade));
+            v.try_reserve_exact(list.entries.len()).ok().map(|()| {
+                v.extend(list.entries.iter().filter_map(Weak::upgrade));
                 v
             })
         };
@@ -62,13 +95,11 @@ mod imp {
             entries.iter().for_each(|e| f(&**e));
             return;
         }
+        let _walk = Walk::start();
         for i in 0.. {
-            let entry = {
-                let list = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
-                match list.get(i) {
-                    Some(w) => w.upgrade(),
-                    None => return,
-                }
+            let entry = match list().entries.get(i) {
+                Some(w) => w.upgrade(),
+                None => return,
             };
             if let Some(e) = entry {
                 f(&*e);

@@ -19,7 +19,7 @@ use net_bytes::NetCounting;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use proxalloc::{
@@ -704,6 +704,87 @@ fn trim_all_needs_no_memory() {
     );
     let s = a.stats();
     assert_eq!((s.cached_in_depot, s.reserved_objects()), (0, 0), "{s}");
+}
+
+/// A recycled value whose drop, once `PARK` is set, waits until `GO`: it holds a trim in
+/// the middle of a walk over the registered allocators.
+#[repr(C, align(64))]
+struct Parking {
+    _bytes: [u8; 192],
+}
+
+static PARK: AtomicBool = AtomicBool::new(false);
+static PARKED: AtomicBool = AtomicBool::new(false);
+static GO: AtomicBool = AtomicBool::new(false);
+
+impl Recycle for Parking {
+    fn create() -> Self {
+        Parking { _bytes: [0; 192] }
+    }
+    fn recycle(&mut self) -> bool {
+        true
+    }
+}
+
+impl Drop for Parking {
+    fn drop(&mut self) {
+        if PARK.swap(false, Ordering::AcqRel) {
+            PARKED.store(true, Ordering::Release);
+            // Yields only: this runs on a thread where every allocation fails.
+            while !GO.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Out of memory, `trim_all` walks the registry one entry at a time. An allocator
+/// registered meanwhile (here by another thread, while the walk waits in a recycled
+/// value's drop) must not make it miss a live one: a registration used to drop the dead
+/// entries first, which moved every later entry down by one, so the entry after the one
+/// being trimmed was never reached.
+#[test]
+fn a_registration_during_an_out_of_memory_trim_all_skips_no_allocator() {
+    let _s = serial();
+    let dead = ClassAllocator::<u64>::new("fault-walk-dead");
+    drop(dead.alloc(1));
+    let parking = RecyclingAllocator::<Parking>::with_config("fault-walk-parking", Config::new());
+    drop(parking.get());
+    parking.release_thread_cache();
+    let after = ClassAllocator::<Obj>::with_config("fault-walk-after", config());
+    drop(
+        (0..2 * MAG as u64)
+            .map(|i| after.alloc(Obj::new(i)))
+            .collect::<Vec<_>>(),
+    );
+    after.release_thread_cache();
+    assert!(after.stats().cached_in_depot > 0);
+    // A dead entry ahead of `parking`'s in the list.
+    drop(dead);
+    PARKED.store(false, Ordering::Relaxed);
+    GO.store(false, Ordering::Relaxed);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let start = std::time::Instant::now();
+            while !PARKED.load(Ordering::Acquire) {
+                if start.elapsed().as_secs() > 60 {
+                    GO.store(true, Ordering::Release);
+                    panic!("the trim never dropped the recycled value");
+                }
+                std::thread::yield_now();
+            }
+            // Registers (this thread's allocations do not fail) while the walk waits.
+            let newcomer = ClassAllocator::<u64>::new("fault-walk-newcomer");
+            drop(newcomer.alloc(2));
+            GO.store(true, Ordering::Release);
+        });
+        let _armed = Armed::any_layout(Mode::From(1));
+        PARK.store(true, Ordering::Release);
+        proxalloc::trim_all();
+    });
+    let s = after.stats();
+    assert_eq!(s.cached_in_depot, 0, "the walk missed an allocator: {s}");
+    assert_eq!(parking.stats().reserved_bytes(), 0);
 }
 
 #[test]

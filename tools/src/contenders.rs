@@ -276,8 +276,10 @@ pub struct HandoffFloor<T> {
 
 // SAFETY: the slots are shared between the allocating thread, which writes a value into
 // a slot it hands out, and the freeing one, which drops it; `new`'s contract keeps the
-// two from touching one slot at the same time, and the hand-off of the handle between
-// them (W4's channel or queue) orders the accesses.
+// two from touching one slot at the same time. W4's bounded channel or queue orders the
+// accesses both ways: a handle is received after its value was written, and a slot comes
+// round again only after the producer has pushed batches that needed the consumer to take
+// (after freeing) the batch that held it.
 unsafe impl<T: Send> Sync for HandoffFloor<T> {}
 
 impl<T> HandoffFloor<T> {
