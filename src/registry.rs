@@ -30,8 +30,8 @@ mod imp {
     use super::Registered;
 
     /// The entries, and how many walks by index are under way: while one is, a
-    /// registration appends without dropping dead entries, so that no live entry moves
-    /// to an index the walk has passed.
+    /// registration takes a dead entry's place or appends, and drops no entry, so that
+    /// no live entry moves to an index the walk has passed.
     struct List {
         entries: Vec<Weak<dyn Registered>>,
         walks: usize,
@@ -51,6 +51,11 @@ mod imp {
         let mut list = list();
         if list.walks == 0 {
             list.entries.retain(|w| w.strong_count() > 0);
+        } else if let Some(dead) = list.entries.iter_mut().find(|w| w.strong_count() == 0) {
+            // Out of registration order, but nothing moves, and no growth while memory
+            // is short (a walk by index means an allocation failed).
+            *dead = weak;
+            return;
         }
         list.entries.push(weak);
     }

@@ -924,6 +924,9 @@ static CLEANUPS: AtomicUsize = AtomicUsize::new(0);
 
 #[test]
 fn pool_block_failures_make_try_alloc_return_an_error() {
+    // Serial too: its source registers, which prunes the registry (a test of the
+    // registry's walk relies on a dead entry staying in it).
+    let _s = serial();
     let blocks = Arc::new(FailingBlocks::default());
     let source = BlockSource::with_block_allocator(64 << 10, blocks.clone());
     {
@@ -958,6 +961,7 @@ fn pool_block_failures_make_try_alloc_return_an_error() {
 
 #[test]
 fn random_pool_block_failures_lose_no_block() {
+    let _s = serial(); // as above
     let blocks = Arc::new(FailingBlocks::default());
     blocks.random.store(250, Ordering::Relaxed);
     *blocks.rng.lock().unwrap() = 0xb10c;

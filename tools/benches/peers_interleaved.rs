@@ -6,8 +6,9 @@
 //! and as CSV to the workspace's `target/peers.csv` (or the `--csv` path).
 //!
 //! `cargo bench -p proxalloc-tools --bench peers_interleaved -- [rounds] [--csv PATH]
-//! [--only NAME,..] [--tables TEXT,..]` (default 30 rounds; `--only lower-bound,proxalloc
-//! --tables W3` runs those contenders on the W3 tables alone)
+//! [--only NAME,..] [--tables TEXT,..] [--spread]` (default 30 rounds; `--only
+//! lower-bound,proxalloc --tables W3` runs those contenders on the W3 tables alone;
+//! `--spread` also prints each cell's percentiles)
 
 use proxalloc_tools::lineup::{contenders, peer_mixes, Work, PEER_SUITE};
 use proxalloc_tools::runner::{Args, Runner, Stat};

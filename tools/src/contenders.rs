@@ -283,13 +283,14 @@ pub struct HandoffFloor<T> {
 unsafe impl<T: Send> Sync for HandoffFloor<T> {}
 
 impl<T> HandoffFloor<T> {
-    /// Slots for W4: more than it keeps in flight (a batch of 64 being built, four in the
-    /// queue and one being freed: 384 objects).
+    /// Slots for W4: the least power of two above what it keeps in flight (a batch of 64
+    /// being built, four in the queue and one being freed: 384 objects).
     pub const SLOTS: usize = 512;
 
     /// # Safety
-    /// Only one thread allocates, and fewer than [`Self::SLOTS`] objects are live at any
-    /// time (each freed before the ring comes round to its slot again), as in W4.
+    /// Only one thread allocates, and each object is freed (happening before) within
+    /// [`Self::SLOTS`] allocations after its own, as in W4, which frees its batches in
+    /// the order it made them and keeps at most 384 objects in flight.
     pub unsafe fn new() -> Self {
         HandoffFloor {
             slots: (0..Self::SLOTS)

@@ -37,7 +37,8 @@ pub fn group(
     g.finish();
 }
 
-/// Group `name`: the W5 request mix, one request per iteration, on two threads if `two`.
+/// Group `name`: a W5 mix (the objects `list` was made for), one request per iteration,
+/// on two threads if `two`.
 pub fn mix_group(c: &mut Criterion, name: &str, list: &[MixEntry], two: bool) {
     let mut g = c.benchmark_group(name);
     g.throughput(Throughput::Elements(1));

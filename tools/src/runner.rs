@@ -24,7 +24,7 @@ pub struct Args {
     pub only: Option<Vec<String>>,
     /// `--tables`: run only the tables whose workload names contain one of these.
     pub tables: Option<Vec<String>>,
-    /// `--spread`: also print each cell's deciles, for the tables whose samples are
+    /// `--spread`: also print each cell's percentiles, for the tables whose samples are
     /// spread by scheduling (a median over two modes says little on its own).
     pub spread: bool,
 }
@@ -347,7 +347,8 @@ impl<'a> Runner<'a> {
         }
     }
 
-    /// Each cell's samples at the 10th, 25th, 50th, 75th and 90th percentiles.
+    /// Each cell's samples at the 10th, 25th, 50th, 75th and 90th percentiles, taken as
+    /// [`Stat::Median`] takes the 50th (the sample at `len * q / 100`).
     fn print_spread(&self) {
         for (i, t) in self.tables.iter().enumerate() {
             let cells = self.sampled_cells(i);
@@ -364,7 +365,7 @@ impl<'a> Runner<'a> {
                 s.sort_by(f64::total_cmp);
                 print!("| {} |", c.name);
                 for q in [10, 25, 50, 75, 90] {
-                    print!(" {:.2} |", s[(s.len() - 1) * q / 100]);
+                    print!(" {:.2} |", s[(s.len() * q / 100).min(s.len() - 1)]);
                 }
                 println!();
             }
