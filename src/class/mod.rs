@@ -461,19 +461,24 @@ mod tests {
 
     /// The fast paths find the cache through the hints alone: once set, they read as the
     /// engine's own numbers (a wrong offset or a dirty upper half would send every
-    /// operation to the slow path, which no other test notices), and an inline index is
-    /// served by the fast path (a wrong mask would miss some).
+    /// operation to the slow path, which no other test notices), an inline index is
+    /// served by the inline fast path (a wrong mask would miss some), and a boxed one by
+    /// the boxed lookup only.
     #[test]
     fn the_fast_paths_read_the_engines_numbers_from_the_hints() {
-        use crate::core::table::inline_offset;
+        use crate::core::table::{hint_offset, inline_offset, DIRECT_BOXED, INLINE_CACHES};
         // Indices are dense and reused last freed first, so after other tests' allocators
-        // the first ones made here may all be boxed: make them until both kinds are live.
+        // the first ones made here may all be boxed: make them until every kind is live
+        // (inline, boxed with its address in thread-local storage, and boxed past those).
         let mut all = Vec::new();
-        let boxed = |a: &ClassAllocator<u64>| inline_offset(a.engine().index() as usize).is_none();
+        let index = |a: &ClassAllocator<u64>| a.engine().index() as usize;
+        let boxed = |a: &ClassAllocator<u64>| inline_offset(index(a)).is_none();
         let inline = |a: &ClassAllocator<u64>| !boxed(a);
-        while all.len() < crate::core::table::INLINE_CACHES + 2
+        let far = |a: &ClassAllocator<u64>| index(a) >= INLINE_CACHES + DIRECT_BOXED;
+        while all.len() < INLINE_CACHES + DIRECT_BOXED + 2
             || !all.iter().any(boxed)
             || !all.iter().any(inline)
+            || !all.iter().any(far)
         {
             assert!(all.len() < 4096, "no inline index came free");
             let a = ClassAllocator::<u64>::new("hints-read");
@@ -483,12 +488,11 @@ mod tests {
         for a in &all {
             let e = a.engine();
             let inline = inline_offset(e.index() as usize);
+            let offset = hint_offset(e.index() as usize).expect("a small index");
+            assert!(inline.is_none_or(|o| o == offset));
             assert_eq!(
                 a.hints.offset_and_instance(),
-                match inline {
-                    Some(offset) => (offset as usize, e.instance()),
-                    None => (0, u64::MAX), // boxed caches: the slow path's
-                }
+                (offset as usize, e.instance())
             );
             if inline.is_some() {
                 // The fast path serves this thread from its cache.
@@ -498,10 +502,18 @@ mod tests {
                     .expect("the object just freed, from the fast path");
                 // SAFETY: the object was just taken from this allocator and is unused.
                 assert!(unsafe { a.hints.free(p) }, "freed through the fast path");
+                assert!(a.hints.boxed_alloc().is_none(), "an inline cache");
             } else {
+                assert!(a.hints.alloc().is_none(), "a boxed cache is not inline");
+                // The boxed lookup serves this thread from its cache.
+                let p = a
+                    .hints
+                    .boxed_alloc()
+                    .expect("the object just freed, from the boxed lookup");
+                // SAFETY: as above.
                 assert!(
-                    a.hints.alloc().is_none(),
-                    "a boxed cache is the slow path's"
+                    unsafe { a.hints.boxed_free(p) },
+                    "freed through the boxed lookup"
                 );
             }
         }

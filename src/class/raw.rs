@@ -41,13 +41,14 @@ impl<T> ClassAllocator<T> {
     }
 
     /// The thread-cache fast path missed: a per-CPU allocator's fast path (see
-    /// `Hints::cpu_alloc`), else the slow path. Out of line, but small and not cold, so
-    /// that a per-CPU allocation costs one short call. (`#[cold]` for the per-thread
-    /// fast path's sake: a call the caller believes hot makes it save registers.)
+    /// `Hints::cpu_alloc`), or a boxed cache's (an allocator past the thread table's
+    /// inline caches: `Hints::boxed_alloc`), else the slow path. Out of line, but small
+    /// and not cold, so that such an allocation costs one short call. (`#[cold]` for the
+    /// inline fast path's sake: a call the caller believes hot makes it save registers.)
     #[cold]
     #[inline(never)]
     fn alloc_miss(&self) -> Result<NonNull<T>, AllocError> {
-        match self.hints.cpu_alloc() {
+        match self.hints.cpu_alloc().or_else(|| self.hints.boxed_alloc()) {
             Some(p) => {
                 self.on_alloc(p);
                 Ok(p.cast())
@@ -113,8 +114,8 @@ impl<T> ClassAllocator<T> {
         unsafe { cache::free(&self.engine_arc(), p) }
     }
 
-    /// The thread-cache fast path of a free missed: a per-CPU allocator's (see
-    /// [`alloc_miss`](Self::alloc_miss)), else the slow path.
+    /// The thread-cache fast path of a free missed: a per-CPU allocator's or a boxed
+    /// cache's (see [`alloc_miss`](Self::alloc_miss)), else the slow path.
     ///
     /// # Safety
     /// As for `free_raw`.
@@ -123,7 +124,7 @@ impl<T> ClassAllocator<T> {
     unsafe fn free_miss(&self, p: NonNull<u8>) {
         // SAFETY: forwarded from the caller.
         unsafe {
-            if !self.hints.cpu_free(p) {
+            if !self.hints.cpu_free(p) && !self.hints.boxed_free(p) {
                 self.free_raw_slow(p)
             }
         }

@@ -35,9 +35,11 @@ use crate::sync::{self, const_fn, Arc};
 /// numbers.
 ///
 /// A per-CPU allocator's hints match no thread cache (its instance stays unset); they
-/// point at its CPU caches instead, which the fast paths then use. So do the hints of an
-/// allocator whose caches are boxed (an index past the inline ones): the slow path finds
-/// those.
+/// point at its CPU caches instead, which the fast paths then use. An allocator whose
+/// caches are boxed (an index past the inline ones) keeps its instance and an offset
+/// past the inline block ([`table::hint_offset`]): the inline lookup masks it and misses,
+/// and the front end's out-of-line [`Hints::boxed_alloc`] and [`Hints::boxed_free`] find
+/// the boxed cache.
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Hints {
@@ -76,12 +78,13 @@ impl Hints {
             self.cpus.store(array, Ordering::Release);
             return;
         }
-        let Some(offset) = table::inline_offset(engine.index() as usize) else {
+        let Some(offset) = table::hint_offset(engine.index() as usize) else {
             return;
         };
         // Either order is safe: a fast path that reads one new hint and one old one
         // compares an instance no engine has, or this engine's instance with the first
-        // inline cache's, which is another engine's or (index 0) this one's own.
+        // inline cache's, which is another engine's or (index 0) this one's own. (A boxed
+        // engine's instance is in no inline cache, whatever offset is read with it.)
         self.offset.store(offset, Ordering::Relaxed);
         if !capped {
             self.instance.store(engine.instance(), Ordering::Relaxed);
@@ -139,6 +142,30 @@ impl Hints {
     #[inline(always)]
     pub(crate) unsafe fn free(&self, p: NonNull<u8>) -> bool {
         match self.owner() {
+            Some(c) => c.push(p),
+            None => false,
+        }
+    }
+
+    /// An allocator with boxed caches (see [`table::lookup_boxed`]): an object from this
+    /// thread's loaded magazine, or `None` (nothing changed; always for an inline or
+    /// per-CPU allocator) when [`alloc`] must run. Not inlined into allocation sites, as
+    /// [`cpu_alloc`](Self::cpu_alloc) is not: the front end's miss path calls it.
+    #[inline(always)]
+    pub(crate) fn boxed_alloc(&self) -> Option<NonNull<u8>> {
+        let (offset, instance) = self.offset_and_instance();
+        table::lookup_boxed(offset, instance)?.pop()
+    }
+
+    /// The free of [`boxed_alloc`](Self::boxed_alloc): false (nothing changed) when
+    /// [`free`] must run.
+    ///
+    /// # Safety
+    /// As for [`free`](Self::free).
+    #[inline(always)]
+    pub(crate) unsafe fn boxed_free(&self, p: NonNull<u8>) -> bool {
+        let (offset, instance) = self.offset_and_instance();
+        match table::lookup_boxed(offset, instance) {
             Some(c) => c.push(p),
             None => false,
         }

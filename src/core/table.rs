@@ -11,10 +11,21 @@ use super::thread_cache::{self, Owner, OwnerKey, ThreadCache};
 use crate::sync::{self, Arc};
 
 /// Allocators whose index is below this keep this thread's cache inline in the
-/// thread-local block (`INLINE_CACHES * size_of::<ThreadCache>()` bytes per thread), so the
-/// fast paths reach it with no pointer chase; higher indices use boxed caches found
-/// through a vector (a cold path).
+/// thread-local block (`INLINE_CACHES * size_of::<ThreadCache>()` bytes per thread, paid
+/// by every thread of the process, so it is kept small), so the fast paths reach it with
+/// no pointer chase; higher indices use boxed caches found through a vector, by a short
+/// out-of-line path ([`lookup_boxed`]).
+#[cfg(not(proxalloc_loom))]
+pub(crate) const INLINE_CACHES: usize = 32;
+/// Loom's caches are larger (its atomics), and a loom thread's stack must hold a table.
+#[cfg(proxalloc_loom)]
 pub(crate) const INLINE_CACHES: usize = 16;
+
+/// Boxed caches whose address the table keeps in thread-local storage too (indices
+/// `INLINE_CACHES..INLINE_CACHES + DIRECT_BOXED`, 8 bytes each per thread), so that
+/// [`lookup_boxed`] reaches them in two loads, as the inline lookup does; higher indices
+/// go through the vector in `Rest`.
+pub(crate) const DIRECT_BOXED: usize = 96;
 
 /// Slow-path entries on a thread between two runs of its idle collector. Each slow path
 /// stands for at least a magazine's worth of operations on one cache (see the exchange
@@ -117,6 +128,9 @@ fn try_box<T>(value: T) -> Option<*mut T> {
 /// comes back as [`Garbage`], released after the borrow ends.
 struct Table {
     fast: UnsafeCell<[ThreadCache; INLINE_CACHES]>,
+    /// The first [`DIRECT_BOXED`] boxed caches (null where none), as in `Rest::more`:
+    /// set when a box is made, cleared at teardown before the boxes are freed.
+    boxed: [Cell<*mut ThreadCache>; DIRECT_BOXED],
     /// Everything else, boxed on first registration and freed at thread exit.
     rest: Cell<*mut Rest>,
     /// Set when the thread-exit teardown has run: no new cache may be registered.
@@ -195,6 +209,7 @@ impl Table {
     const fn with_caches(fast: [ThreadCache; INLINE_CACHES]) -> Self {
         Table {
             fast: UnsafeCell::new(fast),
+            boxed: [const { Cell::new(ptr::null_mut()) }; DIRECT_BOXED],
             rest: Cell::new(ptr::null_mut()),
             torn_down: Cell::new(false),
             gc_clock: Cell::new(0),
@@ -285,6 +300,9 @@ impl Table {
                     let entry = &mut rest.more[index - INLINE_CACHES];
                     if entry.is_null() {
                         *entry = try_box(ThreadCache::new(EMPTY))?;
+                        if let Some(direct) = self.boxed.get(index - INLINE_CACHES) {
+                            direct.set(*entry);
+                        }
                     }
                     *entry
                 };
@@ -368,6 +386,10 @@ impl Table {
         }
         // SAFETY: a live box owned by the table, now unreachable from it.
         let mut rest = unsafe { Box::from_raw(rest) };
+        // The boxes are freed below: no lookup may reach them from here on.
+        for direct in &self.boxed {
+            direct.set(ptr::null_mut());
+        }
         // At least one item of room per index (reserved as `owners` grew): the pushes
         // below allocate nothing.
         garbage.more = std::mem::take(&mut rest.exit_room);
@@ -485,6 +507,48 @@ pub(crate) const fn inline_offset(index: usize) -> Option<u32> {
     } else {
         None
     }
+}
+
+/// What an allocator's hints keep as its offset: [`inline_offset`] for an inline index,
+/// and for a boxed one the offset its cache would have if the inline block went on (so
+/// [`lookup_boxed`] gets the index back, and [`lookup_fast`], which masks it, lands on
+/// some inline cache, never this allocator's). `None` past `u32`.
+pub(crate) const fn hint_offset(index: usize) -> Option<u32> {
+    match index.checked_mul(CACHE_BYTES) {
+        Some(offset) if offset <= u32::MAX as usize => Some(offset as u32),
+        _ => None,
+    }
+}
+
+/// The lookup for an allocator whose caches are boxed, from its hints ([`hint_offset`]
+/// and its instance): this thread's boxed cache for it, or `None` (an inline offset, no
+/// cache yet, a stale one, teardown), which the slow paths sort out with [`lookup`]. It
+/// makes no calls; the front end runs it out of line, after the inline lookup missed,
+/// so that allocators past the inline ones skip the slow path's checks and calls.
+///
+/// The witness it returns is not kept across code that may run user code (see
+/// [`Owner`]).
+#[inline(always)]
+pub(crate) fn lookup_boxed(offset: usize, instance: u64) -> Option<Owner<'static>> {
+    let index = offset / CACHE_BYTES;
+    if index < INLINE_CACHES {
+        return None;
+    }
+    LOCAL
+        .try_with(|table| {
+            let cache = match table.boxed.get(index - INLINE_CACHES) {
+                Some(direct) => direct.get(),
+                // SAFETY: this thread's table; `rest` is only borrowed mutably by table
+                // operations, which run no user code and so never around a lookup.
+                None => unsafe { table.cache(index) },
+            };
+            // SAFETY: a non-null entry is a boxed cache owned by the table, live until
+            // the thread's teardown; this thread owns it.
+            (!cache.is_null() && unsafe { ThreadCache::instance(cache) } == instance)
+                .then(|| unsafe { Owner::new(&table.key(), cache) })
+        })
+        .ok()
+        .flatten()
 }
 
 /// `offset` brought to the start of an inline cache: masked (so any offset lands on
