@@ -19,7 +19,6 @@ GROUPS = [
     "w1-pair-64B", "w1-pair-256B", "w2-batch-64B", "w2-batch-256B",
     "w3-two-threads-64B", "w4-remote-free-64B",
     "w5-request-mix-1-thread", "w5-request-mix-2-threads",
-    "w5-zeroed-mix-1-thread", "w5-zeroed-mix-2-threads",
 ]
 # The contenders of the peer suite (PEER_SUITE in tools/src/lineup.rs; other benches may
 # share a group name).

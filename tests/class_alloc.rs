@@ -396,6 +396,49 @@ fn free_during_thread_local_teardown_does_not_panic_or_leak() {
     assert_conserved(&s);
 }
 
+/// Allocators past a thread's inline caches have boxed caches, whose addresses the
+/// thread's table also keeps for the boxed lookup; the thread-exit teardown frees the
+/// boxes, and an allocation from a later thread-local destructor must find none of them
+/// (Miri and ASan, which run this binary, see a use of a freed box). 140 allocators
+/// alive at once cover the indices whose addresses the table keeps and those past them.
+#[test]
+fn boxed_caches_are_out_of_reach_after_the_thread_exit_teardown() {
+    static ALL: std::sync::OnceLock<Vec<ClassAllocator<u64>>> = std::sync::OnceLock::new();
+    struct UsesAllOnExit;
+    impl Drop for UsesAllOnExit {
+        fn drop(&mut self) {
+            for a in ALL.get().unwrap() {
+                let b = a.alloc(7);
+                assert_eq!(*b, 7);
+            }
+        }
+    }
+    thread_local! {
+        static LATE: UsesAllOnExit = const { UsesAllOnExit };
+    }
+    let all = ALL.get_or_init(|| {
+        (0..140)
+            .map(|_| ClassAllocator::new("boxed-exit"))
+            .collect()
+    });
+    std::thread::spawn(|| {
+        // Registered before the thread's first allocation arms the teardown, so
+        // destroyed after it.
+        LATE.with(|_| ());
+        for a in ALL.get().unwrap() {
+            drop((0..3).map(|i| a.alloc(i)).collect::<Vec<_>>());
+        }
+    })
+    .join()
+    .unwrap();
+    for a in all {
+        let s = a.stats();
+        assert_eq!((s.live, s.threads), (0, 0), "{s}");
+        assert_eq!(s.allocs, 4, "{s}");
+        assert_conserved(&s);
+    }
+}
+
 /// A small deterministic generator, so failures reproduce.
 struct XorShift(u64);
 impl XorShift {

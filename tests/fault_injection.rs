@@ -386,8 +386,8 @@ fn recycling_try_get_fails_without_creating() {
 
 /// A thread's first allocation registers its cache (the table's boxes and vectors, the
 /// allocator's cache list): an out-of-memory there must not abort a `try_alloc`. Each
-/// round makes 20 new allocators (so their cache lists must grow, and the thread's table
-/// boxes caches past the inline ones), and fails the Nth allocation of any layout on a
+/// round makes 40 new allocators (so their cache lists must grow, and the thread's table
+/// boxes caches past its 32 inline ones, with their addresses kept beside them), and fails the Nth allocation of any layout on a
 /// new thread that makes its first `try_alloc` in each, until a round has no Nth
 /// allocation.
 #[test]
@@ -396,7 +396,7 @@ fn out_of_memory_while_registering_a_threads_cache_is_an_error_not_an_abort() {
     let base = objs_base();
     let mut n = 1;
     loop {
-        let allocators: Vec<_> = (0..20)
+        let allocators: Vec<_> = (0..40)
             .map(|_| ClassAllocator::<Obj>::with_config("fault-register", config()))
             .collect();
         for a in &allocators {

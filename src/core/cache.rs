@@ -43,7 +43,8 @@ use crate::sync::{self, const_fn, Arc};
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Hints {
-    /// The inline cache's byte offset in a thread's table (see [`table::inline_offset`]).
+    /// The cache's byte offset in a thread's table, or past its inline block for boxed
+    /// caches (see [`table::hint_offset`]).
     offset: sync::process::AtomicU32,
     instance: sync::process::AtomicU64,
     /// Where the per-CPU caches are (null for other allocators): in the engine, which

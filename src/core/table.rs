@@ -23,8 +23,8 @@ pub(crate) const INLINE_CACHES: usize = 16;
 
 /// Boxed caches whose address the table keeps in thread-local storage too (indices
 /// `INLINE_CACHES..INLINE_CACHES + DIRECT_BOXED`, 8 bytes each per thread), so that
-/// [`lookup_boxed`] reaches them in two loads, as the inline lookup does; higher indices
-/// go through the vector in `Rest`.
+/// [`lookup_boxed`] reaches them with one load more than the inline lookup (the
+/// address, then the cache); higher indices go through the vector in `Rest`.
 pub(crate) const DIRECT_BOXED: usize = 96;
 
 /// Slow-path entries on a thread between two runs of its idle collector. Each slow path
@@ -499,8 +499,8 @@ const OFFSET_MASK: usize = (INLINE_CACHES * CACHE_BYTES - 1) & !(CACHE_BYTES - 1
 #[cfg(not(proxalloc_loom))]
 const _: () = assert!(MASKABLE, "the fast paths' lookup masks its offset");
 
-/// Where the inline cache of allocator `index` is in a thread's table, in bytes: what an
-/// allocator's hints keep for [`lookup_fast`]. `None` for an index whose caches are boxed.
+/// Where the inline cache of allocator `index` is in a thread's table, in bytes (what
+/// [`hint_offset`] gives for an inline index). `None` for an index whose caches are boxed.
 pub(crate) const fn inline_offset(index: usize) -> Option<u32> {
     if index < INLINE_CACHES {
         Some((index * CACHE_BYTES) as u32)
@@ -567,14 +567,14 @@ fn cache_start(offset: usize) -> Option<usize> {
 
 /// The fast paths' lookup: the inline cache at `offset` (see [`inline_offset`]) if its
 /// instance is `instance`, in the same cache line as the cache's fast-path fields, or
-/// `None` for anything else (a boxed cache, no cache, teardown), which the slow paths
-/// sort out with [`lookup`]. It makes no calls, so the fast paths around it make none
-/// either.
+/// `None` for anything else (a boxed cache, no cache, teardown), which
+/// [`lookup_boxed`] or the slow paths (with [`lookup`]) sort out. It makes no calls, so
+/// the fast paths around it make none either.
 ///
 /// Any `offset` is safe: it is masked into the table (one `and`, where an index would
-/// take a bounds check and a multiply), and an offset that is no allocator's lands on
-/// a cache whose instance does not match. Hints that match no cache keep offset 0 and
-/// an instance no engine has.
+/// take a bounds check and a multiply), and an offset that is no allocator's, or a
+/// boxed allocator's, lands on a cache whose instance does not match. Hints that must
+/// match no cache keep an instance no engine has.
 ///
 /// The witness it returns is not kept across code that may run user code (see
 /// [`Owner`]); `'static` stands for "until this thread retires the cache".
