@@ -681,17 +681,20 @@ fn a_thread_exit_needs_no_memory() {
 /// of the process's allocators cannot be allocated, so it walks the registry entry by
 /// entry. (It collected the list into a `Vec`, and aborted: "memory allocation of 64
 /// bytes failed".)
+/// An allocator whose depot holds what `n` objects left (made, freed, and this thread's
+/// cache released).
+fn with_objects_in_its_depot(name: &'static str, n: u64) -> ClassAllocator<Obj> {
+    let a = ClassAllocator::<Obj>::with_config(name, config());
+    drop((0..n).map(|i| a.alloc(Obj::new(i))).collect::<Vec<_>>());
+    a.release_thread_cache();
+    assert!(a.stats().cached_in_depot > 0);
+    a
+}
+
 #[test]
 fn trim_all_needs_no_memory() {
     let _s = serial();
-    let a = ClassAllocator::<Obj>::with_config("fault-trim-all", config());
-    drop(
-        (0..5 * MAG as u64)
-            .map(|i| a.alloc(Obj::new(i)))
-            .collect::<Vec<_>>(),
-    );
-    a.release_thread_cache();
-    assert!(a.stats().cached_in_depot > 0);
+    let a = with_objects_in_its_depot("fault-trim-all", 5 * MAG as u64);
     let released = {
         let armed = Armed::any_layout(Mode::From(1));
         let released = proxalloc::trim_all();
@@ -751,14 +754,7 @@ fn a_registration_during_an_out_of_memory_trim_all_skips_no_allocator() {
     let parking = RecyclingAllocator::<Parking>::with_config("fault-walk-parking", Config::new());
     drop(parking.get());
     parking.release_thread_cache();
-    let after = ClassAllocator::<Obj>::with_config("fault-walk-after", config());
-    drop(
-        (0..2 * MAG as u64)
-            .map(|i| after.alloc(Obj::new(i)))
-            .collect::<Vec<_>>(),
-    );
-    after.release_thread_cache();
-    assert!(after.stats().cached_in_depot > 0);
+    let after = with_objects_in_its_depot("fault-walk-after", 2 * MAG as u64);
     // A dead entry ahead of `parking`'s in the list.
     drop(dead);
     PARKED.store(false, Ordering::Relaxed);
