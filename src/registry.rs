@@ -84,9 +84,10 @@ mod imp {
 
     /// Runs `f` on every registered entry that still exists, with no lock held (`f` may
     /// run user code that registers allocators), and without allocating when the
-    /// global allocator fails: then the list is walked one entry at a time, and entries
-    /// registered meanwhile (by another thread or by `f`'s own user code) are appended
-    /// and walked too.
+    /// global allocator fails: then the list is walked one entry at a time. Entries
+    /// registered meanwhile (by another thread or by `f`'s own user code) take a dead
+    /// entry's place or are appended, so no entry moves behind the walk; a new one in a
+    /// dead entry's place behind it is not visited.
     pub(crate) fn for_each_registered(mut f: impl FnMut(&dyn Registered)) {
         let collected = {
             let list = list();

@@ -518,4 +518,56 @@ mod tests {
             }
         }
     }
+
+    /// A dropped allocator's index passes to the next one made. A thread that still holds
+    /// the old allocator's boxed cache (its magazines wait for that thread's next slow
+    /// path) must not serve the new allocator from it: the boxed lookup compares
+    /// instances, as the inline one does. (A seeded lookup that skips the compare pops the
+    /// old allocator's object: the new one's books miss the allocation.)
+    #[test]
+    fn a_reused_boxed_index_is_not_served_from_the_old_allocators_cache() {
+        use crate::core::table::inline_offset;
+        use std::sync::mpsc;
+        let index = |a: &ClassAllocator<u64>| a.engine().index() as usize;
+        // Allocators in use until a new one's index is boxed.
+        let mut filler = Vec::new();
+        let old = loop {
+            let a = ClassAllocator::<u64>::new("reuse-old");
+            drop(a.alloc(0));
+            if inline_offset(index(&a)).is_none() {
+                break a;
+            }
+            filler.push(a);
+        };
+        let old_index = index(&old);
+        let old = std::sync::Arc::new(old);
+        let (to_main, from_thread) = mpsc::channel();
+        let (to_thread, from_main) = mpsc::channel::<std::sync::Arc<ClassAllocator<u64>>>();
+        let held = std::sync::Arc::clone(&old);
+        let thread = std::thread::spawn(move || {
+            // Objects left in this thread's boxed cache of `old`.
+            drop((0..3).map(|i| held.alloc(i)).collect::<Vec<_>>());
+            drop(held);
+            to_main.send(()).unwrap();
+            let new = from_main.recv().unwrap();
+            let b = new.alloc(7);
+            assert_eq!(*b, 7);
+            let s = new.stats();
+            assert_eq!((s.allocs, s.live), (1, 1), "served from another cache: {s}");
+        });
+        from_thread.recv().unwrap();
+        drop(old);
+        // Indices are reused last freed first; another test may take this one first.
+        let mut made = Vec::new();
+        let new = loop {
+            let a = ClassAllocator::<u64>::new("reuse-new");
+            let _ = a.engine();
+            if index(&a) == old_index || made.len() == 64 {
+                break a;
+            }
+            made.push(a);
+        };
+        to_thread.send(std::sync::Arc::new(new)).unwrap();
+        thread.join().unwrap();
+    }
 }

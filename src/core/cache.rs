@@ -116,6 +116,14 @@ impl Hints {
         table::lookup_fast(offset, instance)
     }
 
+    /// This thread's boxed cache, if the hints are a boxed allocator's and it has one
+    /// (see [`table::lookup_boxed`]).
+    #[inline(always)]
+    fn boxed_owner(&self) -> Option<Owner<'static>> {
+        let (offset, instance) = self.offset_and_instance();
+        table::lookup_boxed(offset, instance)
+    }
+
     /// The offset and instance hints, read as the fast paths read them.
     #[inline(always)]
     pub(crate) fn offset_and_instance(&self) -> (usize, u64) {
@@ -154,8 +162,7 @@ impl Hints {
     /// [`cpu_alloc`](Self::cpu_alloc) is not: the front end's miss path calls it.
     #[inline(always)]
     pub(crate) fn boxed_alloc(&self) -> Option<NonNull<u8>> {
-        let (offset, instance) = self.offset_and_instance();
-        table::lookup_boxed(offset, instance)?.pop()
+        self.boxed_owner()?.pop()
     }
 
     /// The free of [`boxed_alloc`](Self::boxed_alloc): false (nothing changed) when
@@ -165,8 +172,7 @@ impl Hints {
     /// As for [`free`](Self::free).
     #[inline(always)]
     pub(crate) unsafe fn boxed_free(&self, p: NonNull<u8>) -> bool {
-        let (offset, instance) = self.offset_and_instance();
-        match table::lookup_boxed(offset, instance) {
+        match self.boxed_owner() {
             Some(c) => c.push(p),
             None => false,
         }

@@ -249,6 +249,9 @@ impl Table {
             // SAFETY: in bounds of the inline array.
             return unsafe { self.fast().add(index) };
         }
+        if let Some(direct) = self.boxed.get(index - INLINE_CACHES) {
+            return direct.get();
+        }
         // SAFETY: per the caller's contract; a lookup runs no user code.
         unsafe { self.with_rest(|rest| rest.cache(self.fast(), index)) }.unwrap_or(ptr::null_mut())
     }
@@ -503,7 +506,7 @@ const _: () = assert!(MASKABLE, "the fast paths' lookup masks its offset");
 /// [`hint_offset`] gives for an inline index). `None` for an index whose caches are boxed.
 pub(crate) const fn inline_offset(index: usize) -> Option<u32> {
     if index < INLINE_CACHES {
-        Some((index * CACHE_BYTES) as u32)
+        hint_offset(index)
     } else {
         None
     }
@@ -535,18 +538,7 @@ pub(crate) fn lookup_boxed(offset: usize, instance: u64) -> Option<Owner<'static
         return None;
     }
     LOCAL
-        .try_with(|table| {
-            let cache = match table.boxed.get(index - INLINE_CACHES) {
-                Some(direct) => direct.get(),
-                // SAFETY: this thread's table; `rest` is only borrowed mutably by table
-                // operations, which run no user code and so never around a lookup.
-                None => unsafe { table.cache(index) },
-            };
-            // SAFETY: a non-null entry is a boxed cache owned by the table, live until
-            // the thread's teardown; this thread owns it.
-            (!cache.is_null() && unsafe { ThreadCache::instance(cache) } == instance)
-                .then(|| unsafe { Owner::new(&table.key(), cache) })
-        })
+        .try_with(|table| boxed_cache(table, index, instance))
         .ok()
         .flatten()
 }
@@ -598,16 +590,20 @@ pub(crate) fn lookup_fast(offset: usize, instance: u64) -> Option<Owner<'static>
 
 #[cold]
 fn lookup_more(table: &Table, index: usize, instance: u64) -> Lookup {
-    // SAFETY: this thread's table.
+    boxed_cache(table, index, instance).map_or(Lookup::Unregistered, Lookup::Cache)
+}
+
+/// This thread's boxed cache of `index` (at least [`INLINE_CACHES`]) if its instance is
+/// `instance`.
+#[inline(always)]
+fn boxed_cache(table: &Table, index: usize, instance: u64) -> Option<Owner<'static>> {
+    // SAFETY: this thread's table; `rest` is only borrowed mutably by table operations,
+    // which run no user code and so never around a lookup.
     let cache = unsafe { table.cache(index) };
     // SAFETY: a non-null entry is a boxed cache owned by the table, live until the
-    // thread's teardown.
-    if !cache.is_null() && unsafe { ThreadCache::instance(cache) } == instance {
-        // SAFETY: as above.
-        Lookup::Cache(unsafe { Owner::new(&table.key(), cache) })
-    } else {
-        Lookup::Unregistered
-    }
+    // thread's teardown; this thread owns it.
+    (!cache.is_null() && unsafe { ThreadCache::instance(cache) } == instance)
+        .then(|| unsafe { Owner::new(&table.key(), cache) })
 }
 
 /// Creates and registers this thread's cache for `engine` (which must have none); does

@@ -93,11 +93,10 @@ pub enum Stat {
 
 impl Stat {
     fn of(self, samples: &[f64]) -> f64 {
-        let mut s = samples.to_vec();
-        s.sort_by(f64::total_cmp);
+        let s = sorted(samples);
         match self {
             Stat::Min => s[0],
-            Stat::Median => s[s.len() / 2],
+            Stat::Median => percentile(&s, 50),
         }
     }
 
@@ -107,6 +106,19 @@ impl Stat {
             Stat::Median => "median",
         }
     }
+}
+
+/// `samples` in ascending order.
+fn sorted(samples: &[f64]) -> Vec<f64> {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    s
+}
+
+/// The `q`th percentile of `sorted` samples: the sample at `len * q / 100` (for 50, the
+/// upper median of an even count).
+fn percentile(sorted: &[f64], q: usize) -> f64 {
+    sorted[(sorted.len() * q / 100).min(sorted.len() - 1)]
 }
 
 /// A table: the cells of one workload.
@@ -347,8 +359,8 @@ impl<'a> Runner<'a> {
         }
     }
 
-    /// Each cell's samples at the 10th, 25th, 50th, 75th and 90th percentiles, taken as
-    /// [`Stat::Median`] takes the 50th (the sample at `len * q / 100`).
+    /// Each cell's samples at the 10th, 25th, 50th, 75th and 90th percentiles (see
+    /// [`percentile`]; the 50th is [`Stat::Median`]'s).
     fn print_spread(&self) {
         for (i, t) in self.tables.iter().enumerate() {
             let cells = self.sampled_cells(i);
@@ -361,11 +373,10 @@ impl<'a> Runner<'a> {
                 header(&["contender", "p10", "p25", "p50", "p75", "p90"])
             );
             for c in cells {
-                let mut s = c.samples.clone();
-                s.sort_by(f64::total_cmp);
+                let s = sorted(&c.samples);
                 print!("| {} |", c.name);
                 for q in [10, 25, 50, 75, 90] {
-                    print!(" {:.2} |", s[(s.len() * q / 100).min(s.len() - 1)]);
+                    print!(" {:.2} |", percentile(&s, q));
                 }
                 println!();
             }
