@@ -61,7 +61,7 @@ use crate::sync::{const_fn, Arc, ArcRef, LazyArc};
 #[repr(C)]
 pub struct ClassAllocator<T> {
     /// How the fast paths find this thread's cache without touching the engine.
-    hints: Hints,
+    pub(crate) hints: Hints,
     name: &'static str,
     config: Config,
     /// Set for a [`RecyclingAllocator`](crate::RecyclingAllocator)'s inner allocator:

@@ -68,6 +68,12 @@ impl Hints {
     /// Points the hints at `engine`'s caches. A capped allocator leaves the instance
     /// unset, so its fast paths never match and every operation counts its permit on
     /// the slow path.
+    ///
+    /// A per-CPU allocator gets the table hints too: a thread with an rseq area never
+    /// has a thread cache of it (its slow path goes to the CPU caches), so the inline
+    /// lookup misses there as it would on unset hints, and goes on to the CPU path; a
+    /// thread without an area (someone else registered one for it) uses a thread cache,
+    /// which the same lookup then serves without a call.
     pub(crate) fn set(&self, engine: &Engine, capped: bool) {
         use crate::sync::Ordering;
         if let Some(pc) = engine.percpu() {
@@ -77,7 +83,6 @@ impl Hints {
             // `sync::relaxed`) and only then the array through it: an address dependency,
             // which orders the two on x86-64, the one architecture with per-CPU caches.
             self.cpus.store(array, Ordering::Release);
-            return;
         }
         let Some(offset) = table::hint_offset(engine.index() as usize) else {
             return;

@@ -231,8 +231,8 @@ mod imp {
         // tries. Where it is refused, someone else registers areas (a statically linked
         // glibc, whose symbols `dlsym` cannot see, or another allocator's own), most
         // likely for every thread: per-CPU caches stay off for the process, since a
-        // per-CPU allocator's threads without an area take its slow path for every
-        // operation, slower than per-thread caches.
+        // per-CPU allocator's threads without an area use per-thread caches (and
+        // `mode()` would say `PerCpu` for what are thread caches everywhere).
         if register_own() {
             OWN
         } else {
@@ -635,6 +635,14 @@ mod imp {
                 drop((0..1000).map(|i| on_foreign.alloc(i)).collect::<Vec<_>>());
                 assert_eq!(on_foreign.mode(), CacheMode::PerCpu);
                 assert_eq!(on_foreign.stats().threads, 1, "this thread's own cache");
+                // Which the inline fast path serves, as any allocator's thread cache (not
+                // the slow path at every operation).
+                let p = on_foreign
+                    .hints
+                    .alloc()
+                    .expect("the fast path serves a thread without an area");
+                // SAFETY: just taken from this allocator, unused.
+                assert!(unsafe { on_foreign.hints.free(p) }, "and takes the free");
                 for _ in 0..100 {
                     assert!(thread_area().is_null());
                 }
@@ -645,7 +653,7 @@ mod imp {
             .unwrap();
             drop((0..1000).map(|i| a.alloc(i)).collect::<Vec<_>>());
             let s = a.stats();
-            assert!(s.is_consistent() && s.live == 0 && s.allocs == 2000, "{s}");
+            assert!(s.is_consistent() && s.live == 0 && s.allocs == 2001, "{s}");
             println!("own areas: checked");
         }
 
