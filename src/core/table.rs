@@ -240,10 +240,13 @@ impl Table {
         unsafe { self.rest.get().as_mut() }.map(f)
     }
 
-    /// The cache of `index`, if it has one (in use or stale).
+    /// The cache of `index`, if it has one (in use or stale). Inlined into the boxed
+    /// lookup, which runs at every operation of an allocator past the inline caches;
+    /// the search of the table's vector beyond the kept addresses is not.
     ///
     /// # Safety
     /// Called by the owning thread.
+    #[inline(always)]
     unsafe fn cache(&self, index: usize) -> *mut ThreadCache {
         if index < INLINE_CACHES {
             // SAFETY: in bounds of the inline array.
@@ -252,6 +255,16 @@ impl Table {
         if let Some(direct) = self.boxed.get(index - INLINE_CACHES) {
             return direct.get();
         }
+        // SAFETY: per the caller's contract.
+        unsafe { self.far_cache(index) }
+    }
+
+    /// [`cache`](Self::cache) past the kept addresses: the table's vector.
+    ///
+    /// # Safety
+    /// As for [`cache`](Self::cache).
+    #[inline(never)]
+    unsafe fn far_cache(&self, index: usize) -> *mut ThreadCache {
         // SAFETY: per the caller's contract; a lookup runs no user code.
         unsafe { self.with_rest(|rest| rest.cache(self.fast(), index)) }.unwrap_or(ptr::null_mut())
     }
