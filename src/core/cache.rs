@@ -34,8 +34,11 @@ use crate::sync::{self, const_fn, Arc};
 /// they match no cache, and a mismatch takes the slow path, which uses the engine's own
 /// numbers.
 ///
-/// A per-CPU allocator's hints match no thread cache (its instance stays unset); they
-/// point at its CPU caches instead, which the fast paths then use. An allocator whose
+/// A per-CPU allocator's hints also point at its CPU caches, which the front end's
+/// out-of-line [`Hints::cpu_alloc`] and [`Hints::cpu_free`] use when the inline lookup
+/// misses, as it does on every thread with an rseq area (no thread cache of the
+/// allocator is ever made there); a thread without one is served from its thread cache
+/// by the inline lookup (see [`Hints::set`]). An allocator whose
 /// caches are boxed (an index past the inline ones) keeps its instance and an offset
 /// past the inline block ([`table::hint_offset`]): the inline lookup masks it and misses,
 /// and the front end's out-of-line [`Hints::boxed_alloc`] and [`Hints::boxed_free`] find
