@@ -439,46 +439,6 @@ fn boxed_caches_are_out_of_reach_after_the_thread_exit_teardown() {
     }
 }
 
-/// An administrator beside an owner whose caches are inline and boxed: `trim_all` and
-/// `stats` on one thread while another allocates and frees through 48 allocators (past
-/// the 32 inline caches), under Miri too. The books are exact once the owner is done.
-#[test]
-fn trim_all_and_stats_beside_an_owner_with_boxed_caches() {
-    let rounds = if cfg!(miri) { 1 } else { 200 };
-    let all: Vec<ClassAllocator<u64>> = (0..48)
-        .map(|_| ClassAllocator::new("boxed-admin"))
-        .collect();
-    let done = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            for r in 0..rounds {
-                for a in &all {
-                    drop((0..4).map(|i| a.alloc(r * 4 + i)).collect::<Vec<_>>());
-                }
-            }
-            done.store(true, std::sync::atomic::Ordering::Release);
-        });
-        while !done.load(std::sync::atomic::Ordering::Acquire) {
-            proxalloc::trim_all();
-            // Not a quiescent point: the snapshot may be torn, only its reading is
-            // checked here (for races, under Miri); the books are checked at the end.
-            for a in &all {
-                std::hint::black_box(a.stats());
-            }
-            std::thread::yield_now();
-        }
-    });
-    for a in &all {
-        let s = a.stats();
-        assert_eq!(
-            (s.live, s.allocs, s.frees),
-            (0, rounds * 4, rounds * 4),
-            "{s}"
-        );
-        assert_conserved(&s);
-    }
-}
-
 /// A small deterministic generator, so failures reproduce.
 struct XorShift(u64);
 impl XorShift {

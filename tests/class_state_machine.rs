@@ -228,7 +228,13 @@ impl<'a> Model<'a> {
         // rseq cannot work, and for capped allocators.
         match s.mode {
             CacheMode::PerCpu => {
-                // Two magazines on each CPU this thread may have run on.
+                // Two magazines on each CPU this thread may have run on: every configured
+                // CPU (`available_parallelism` is lower under a cgroup CPU quota, or after
+                // the process's affinity changed while it ran).
+                #[cfg(unix)]
+                // SAFETY: `sysconf` has no preconditions.
+                let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as u64;
+                #[cfg(not(unix))]
                 let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
                 prop_assert!(
                     s.cached_in_threads <= 2 * magazine * cpus,

@@ -459,6 +459,15 @@ impl<T> fmt::Debug for ClassAllocator<T> {
 mod tests {
     use super::ClassAllocator;
 
+    /// The tests here that make dozens of allocators hold it: table indices are
+    /// process-wide and reused last freed first, so one test's allocators (the other's
+    /// fillers take every free inline index) decide which indices the other gets.
+    static INDICES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn indices() -> std::sync::MutexGuard<'static, ()> {
+        INDICES.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The fast paths find the cache through the hints alone: once set, they read as the
     /// engine's own numbers (a wrong offset or a dirty upper half would send every
     /// operation to the slow path, which no other test notices), an inline index is
@@ -467,6 +476,7 @@ mod tests {
     #[test]
     fn the_fast_paths_read_the_engines_numbers_from_the_hints() {
         use crate::core::table::{hint_offset, inline_offset, DIRECT_BOXED, INLINE_CACHES};
+        let _indices = indices();
         // Indices are dense and reused last freed first, so after other tests' allocators
         // the first ones made here may all be boxed: make them until every kind is live
         // (inline, boxed with its address in thread-local storage, and boxed past those).
@@ -532,6 +542,7 @@ mod tests {
     fn a_reused_boxed_index_is_not_served_from_the_old_allocators_cache() {
         use crate::core::table::inline_offset;
         use std::sync::mpsc;
+        let _indices = indices();
         let index = |a: &ClassAllocator<u64>| a.engine().index() as usize;
         // Allocators in use until a new one's index is boxed.
         let mut filler = Vec::new();
