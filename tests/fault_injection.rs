@@ -1111,3 +1111,50 @@ fn alloc_failures_abort_with_the_standard_message() {
         );
     }
 }
+
+/// A sweep that meets two dead allocators' caches while the global allocator fails:
+/// the first retired cache's garbage needs no memory, the second's does, so the sweep
+/// must stop there (`Garbage::reserve_one`) and leave that cache to a later sweep or
+/// the thread's exit, not push into a vector it could not grow (an abort).
+#[test]
+fn a_sweep_out_of_memory_leaves_the_second_dead_cache_for_later() {
+    let _s = serial();
+    let a = Arc::new(ClassAllocator::<u64>::with_config(
+        "fault-sweep-dead-a",
+        config(),
+    ));
+    let b = Arc::new(ClassAllocator::<u64>::with_config(
+        "fault-sweep-dead-b",
+        config(),
+    ));
+    let c = ClassAllocator::<u64>::with_config("fault-sweep-live", config());
+    let registered = std::sync::Barrier::new(2);
+    let dropped = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        let (a2, b2) = (a.clone(), b.clone());
+        let (c, registered, dropped) = (&c, &registered, &dropped);
+        s.spawn(move || {
+            drop((0..3).map(|i| a2.alloc(i)).collect::<Vec<_>>());
+            drop((0..3).map(|i| b2.alloc(i)).collect::<Vec<_>>());
+            drop(c.alloc(0));
+            drop((a2, b2));
+            registered.wait();
+            dropped.wait();
+            {
+                let _armed = Armed::any_layout(Mode::From(1));
+                // The first from the loaded magazine, the second on the slow path,
+                // whose sweep finds both dead caches (the shutdowns asked for it).
+                let first = c.try_alloc(1).expect("from the loaded magazine");
+                let _ = c.try_alloc(2);
+                drop(first);
+            }
+            drop(c.alloc(3));
+        });
+        registered.wait();
+        drop(a);
+        drop(b);
+        dropped.wait();
+    });
+    let s = c.stats();
+    assert_eq!(s.live, 0, "{s}");
+}

@@ -1,0 +1,51 @@
+//! `trim_all` when the global allocator fails walks the registry by index: it must
+//! reach the first registered allocator too. Its own binary, with one test, so the
+//! allocator made here is the process's first registration (entry 0), which the
+//! other binaries' tests cannot arrange.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use proxalloc::ClassAllocator;
+
+std::thread_local! {
+    static FAIL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The system allocator, failing every allocation of the thread that set `FAIL`.
+struct Failing;
+
+// SAFETY: forwards to `System`, or fails.
+unsafe impl GlobalAlloc for Failing {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if FAIL.try_with(Cell::get).unwrap_or(false) {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: forwarded.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        // SAFETY: forwarded.
+        unsafe { System.dealloc(p, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Failing = Failing;
+
+#[test]
+fn an_out_of_memory_trim_all_reaches_the_first_registered_allocator() {
+    let first = ClassAllocator::<[u64; 4]>::new("oom-walk-first");
+    drop((0..1024).map(|i| first.alloc([i; 4])).collect::<Vec<_>>());
+    first.release_thread_cache();
+    assert!(first.stats().cached_in_depot > 0, "{}", first.stats());
+    FAIL.with(|f| f.set(true));
+    let released = proxalloc::trim_all();
+    FAIL.with(|f| f.set(false));
+    let s = first.stats();
+    assert_eq!(
+        s.cached_in_depot, 0,
+        "the walk by index missed entry 0: {s}"
+    );
+    assert!(released > 0);
+}
