@@ -165,8 +165,9 @@ impl Hints {
     }
 
     /// An allocator with boxed caches (see [`table::lookup_boxed`]): an object from this
-    /// thread's loaded magazine, or `None` (nothing changed; always for an inline or
-    /// per-CPU allocator) when [`alloc`] must run. Not inlined into allocation sites, as
+    /// thread's loaded magazine, or `None` (nothing changed; always for an inline
+    /// allocator, and for a per-CPU one on a thread with an rseq area, which has no
+    /// thread cache of it) when [`alloc`] must run. Not inlined into allocation sites, as
     /// [`cpu_alloc`](Self::cpu_alloc) is not: the front end's miss path calls it.
     #[inline(always)]
     pub(crate) fn boxed_alloc(&self) -> Option<NonNull<u8>> {

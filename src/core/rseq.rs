@@ -652,7 +652,15 @@ mod imp {
             .join()
             .unwrap();
             drop((0..1000).map(|i| a.alloc(i)).collect::<Vec<_>>());
+            // A thread with an area makes no thread cache of a per-CPU allocator (the
+            // foreign thread's went at its exit), so the inline lookup, which per-CPU
+            // allocators' hints now take too, misses here and the CPU caches serve.
+            assert!(
+                a.hints.alloc().is_none(),
+                "a thread cache on a thread with an area"
+            );
             let s = a.stats();
+            assert_eq!(s.threads, 0, "{s}");
             assert!(s.is_consistent() && s.live == 0 && s.allocs == 2001, "{s}");
             println!("own areas: checked");
         }

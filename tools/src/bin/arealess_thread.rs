@@ -75,14 +75,7 @@ fn main() {
         with_area[0], with_area[1]
     );
     std::thread::spawn(|| {
-        #[repr(C, align(32))]
-        struct Area([u8; 32]);
-        // Another library's registration; the area must outlive the thread.
-        let area: &'static mut Area = Box::leak(Box::new(Area([0; 32])));
-        const RSEQ_SIG: u32 = 0x5305_3053;
-        // SAFETY: a 32-byte, 32-aligned area that lives until the process exits.
-        let r = unsafe { libc::syscall(libc::SYS_rseq, area as *mut Area, 32u32, 0, RSEQ_SIG) };
-        if r != 0 {
+        if !register_foreign_area() {
             println!("could not register a foreign area: nothing to measure");
             return;
         }
@@ -96,4 +89,23 @@ fn main() {
     })
     .join()
     .unwrap();
+}
+
+/// Registers an rseq area for this thread as another library would (one that lives
+/// until the process exits), so that the crate's own registration is refused.
+#[cfg(target_os = "linux")]
+fn register_foreign_area() -> bool {
+    #[repr(C, align(32))]
+    struct Area([u8; 32]);
+    let area: &'static mut Area = Box::leak(Box::new(Area([0; 32])));
+    const RSEQ_SIG: u32 = 0x5305_3053;
+    // SAFETY: a 32-byte, 32-aligned area that lives until the process exits.
+    let r = unsafe { libc::syscall(libc::SYS_rseq, area as *mut Area, 32u32, 0, RSEQ_SIG) };
+    r == 0
+}
+
+/// No rseq here (and no per-CPU caches: `main` stops before this).
+#[cfg(not(target_os = "linux"))]
+fn register_foreign_area() -> bool {
+    false
 }
