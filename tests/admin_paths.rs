@@ -420,7 +420,7 @@ fn trim_all_and_stats_beside_an_owner_with_boxed_caches() {
     let all: Vec<ClassAllocator<u64>> = (0..48)
         .map(|_| ClassAllocator::new("boxed-admin"))
         .collect();
-    let done = std::sync::atomic::AtomicBool::new(false);
+    let done = AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| {
             for r in 0..rounds {
@@ -428,9 +428,9 @@ fn trim_all_and_stats_beside_an_owner_with_boxed_caches() {
                     drop((0..4).map(|i| a.alloc(r * 4 + i)).collect::<Vec<_>>());
                 }
             }
-            done.store(true, std::sync::atomic::Ordering::Release);
+            done.store(true, Ordering::Release);
         });
-        while !done.load(std::sync::atomic::Ordering::Acquire) {
+        while !done.load(Ordering::Acquire) {
             proxalloc::trim_all();
             // Not a quiescent point: the snapshot may be torn, only its reading is
             // checked here (for races, under Miri); the books are checked at the end.

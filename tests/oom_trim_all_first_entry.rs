@@ -3,35 +3,26 @@
 //! allocator made here is the process's first registration (entry 0), which the
 //! other binaries' tests cannot arrange.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+#[path = "common/net_bytes.rs"]
+mod net_bytes;
+
+use std::alloc::Layout;
 use std::cell::Cell;
 
+use net_bytes::NetCounting;
 use proxalloc::ClassAllocator;
 
 std::thread_local! {
     static FAIL: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The system allocator, failing every allocation of the thread that set `FAIL`.
-struct Failing;
-
-// SAFETY: forwards to `System`, or fails.
-unsafe impl GlobalAlloc for Failing {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if FAIL.try_with(Cell::get).unwrap_or(false) {
-            return std::ptr::null_mut();
-        }
-        // SAFETY: forwarded.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-        // SAFETY: forwarded.
-        unsafe { System.dealloc(p, layout) }
-    }
+/// Fails every allocation of the thread that set `FAIL`.
+fn failing_here(_: Layout) -> bool {
+    FAIL.try_with(Cell::get).unwrap_or(false)
 }
 
 #[global_allocator]
-static GLOBAL: Failing = Failing;
+static GLOBAL: NetCounting = NetCounting { fail: failing_here };
 
 #[test]
 fn an_out_of_memory_trim_all_reaches_the_first_registered_allocator() {

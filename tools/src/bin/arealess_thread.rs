@@ -13,9 +13,9 @@
 //! contender's samples is printed, in ns per pair.
 
 use std::hint::black_box;
-use std::time::Instant;
 
 use proxalloc::{CacheMode, ClassAllocator, Config};
+use proxalloc_tools::runner::time_per;
 
 type Object = [u64; 8];
 
@@ -29,12 +29,12 @@ const ROUNDS: usize = 30;
 
 #[inline(never)]
 fn pairs(a: &'static ClassAllocator<Object>, n: u64) -> f64 {
-    let start = Instant::now();
-    for i in 0..n {
-        let h = a.alloc([i; 8]);
-        black_box(&*h);
-    }
-    start.elapsed().as_nanos() as f64 / n as f64
+    time_per(n as f64, || {
+        for i in 0..n {
+            let h = a.alloc([i; 8]);
+            black_box(&*h);
+        }
+    })
 }
 
 /// The minimum ns per pair of each contender over interleaved rounds.
