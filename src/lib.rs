@@ -94,7 +94,8 @@ pub use allocator_api2;
 pub use allocator_api2_04;
 
 /// Gives every cached object of every allocator in the process back to the system
-/// allocator: each allocator's depot, the calling thread's caches and what every other
+/// allocator: each allocator's depot, every CPU's caches of per-CPU allocators, pool
+/// block sources' large blocks, the calling thread's caches and what every other
 /// thread's caches grew to (their stashes) now, and returns those bytes. Other threads'
 /// two magazines per allocator belong to their threads, which alone may touch them:
 /// `trim_all` asks each of them to flush, and each does at its next slow path on any

@@ -4,7 +4,8 @@
 //! The loaded magazine is kept unpacked in the cache (slot array, count, capacity), so
 //! the fast paths are: find the cache (see [`table`](super::table)), compare the count,
 //! move one pointer. The exchange rules, which run only when the loaded magazine is
-//! empty (alloc) or full (free), are `#[cold]` functions in [`engine`](super::engine).
+//! empty (alloc) or full (free), are in [`engine`](super::engine), called from the
+//! `#[cold]` slow paths of [`cache`](super::cache).
 
 use std::cell::{Cell, UnsafeCell};
 use std::marker::PhantomData;
