@@ -14,7 +14,7 @@ pub(crate) trait Registered: Send + Sync {
     /// Its stats, or `None` once its owner is gone.
     fn stats(&self) -> Option<Stats>;
     /// Gives back what it caches (in the depot, and in the calling thread's cache);
-    /// returns the bytes released.
+    /// returns the bytes released. Asks nothing of the OS: `trim_all` does, once.
     fn trim(&self) -> usize;
     /// The numbers of the block source it belongs to, if it is a source's large blocks
     /// (registered once per source).
@@ -181,7 +181,56 @@ pub(crate) fn all_sources() -> Vec<BlockSourceStats> {
 /// Trims every live allocator; returns the bytes released. Needs no memory: a trim is
 /// what a program calls when memory runs out.
 pub(crate) fn trim_all() -> usize {
+    trim_each(|trim| for_each_registered(trim))
+}
+
+/// Trims every entry that `walk` passes to its callback, then asks the OS once for what
+/// they released together; returns the bytes released.
+fn trim_each(walk: impl FnOnce(&mut dyn FnMut(&dyn Registered))) -> usize {
     let mut released = 0;
-    for_each_registered(|s| released += s.trim());
+    walk(&mut |s| released += s.trim());
+    crate::core::backing::release_to_os(released);
     released
+}
+
+#[cfg(all(test, not(proxalloc_loom)))]
+mod tests {
+    use super::{trim_each, Registered};
+    use crate::core::backing::OS_RELEASES;
+    use crate::{ClassAllocator, Config};
+
+    /// Allocators that each release less than the threshold for asking the OS, and more
+    /// together: one request for the whole walk, none for each. (A walk over these two
+    /// allocators only: the real `trim_all` would trim other tests' allocators.)
+    #[test]
+    fn a_walk_of_trims_asks_the_os_once_for_what_they_release_together() {
+        let config = Config::new().depot_bytes(4 << 20);
+        let a = ClassAllocator::<[u8; 1024]>::with_config("registry-os-release-a", config);
+        let b = ClassAllocator::<[u8; 1024]>::with_config("registry-os-release-b", config);
+        for x in [&a, &b] {
+            drop((0..600).map(|_| x.alloc([0; 1024])).collect::<Vec<_>>());
+        }
+        let before = OS_RELEASES.with(|n| n.get());
+        let released = trim_each(|trim| {
+            for e in [a.engine(), b.engine()] {
+                trim(e as &dyn Registered);
+            }
+        });
+        assert_eq!(released, 2 * 600 * 1024);
+        assert_eq!(
+            OS_RELEASES.with(|n| n.get()) - before,
+            1,
+            "1.2 MiB released in all: one request to the OS"
+        );
+        for x in [&a, &b] {
+            drop((0..600).map(|_| x.alloc([0; 1024])).collect::<Vec<_>>());
+        }
+        let before = OS_RELEASES.with(|n| n.get());
+        assert_eq!(a.trim() + b.trim(), 2 * 600 * 1024);
+        assert_eq!(
+            OS_RELEASES.with(|n| n.get()),
+            before,
+            "600 KiB per allocator: below the threshold each time"
+        );
+    }
 }

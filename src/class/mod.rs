@@ -395,6 +395,14 @@ impl<T> ClassAllocator<T> {
     /// assert_eq!(PAGES.stats().reserved_bytes(), 0); // ...until trimmed
     /// ```
     pub fn trim(&self) -> usize {
+        let released = self.trim_objects();
+        crate::core::backing::release_to_os(released);
+        released
+    }
+
+    /// [`trim`](Self::trim) without asking the OS for memory back, for callers that
+    /// trim several allocators and ask once (a block source); returns the bytes released.
+    pub(crate) fn trim_objects(&self) -> usize {
         cache::trim(self.engine()) * std::mem::size_of::<T>()
     }
 

@@ -102,13 +102,11 @@ impl Engine {
     }
 
     /// The end of a trim: gives everything the depot caches back to the backing
-    /// allocator, and asks the C allocator to return memory to the OS if the whole trim
-    /// (`released` objects before this) gave back much. Returns the objects released in
-    /// all.
+    /// allocator. Returns the objects released in all (`released` before this, and the
+    /// depot's). Asking the C allocator to return memory to the OS is the caller's, once
+    /// for everything its call released (see [`release_to_os`](super::backing::release_to_os)).
     pub(crate) fn trim_depot(&self, released: usize) -> usize {
-        let released = released + self.depot.trim();
-        super::backing::release_to_os(released * self.backing().object_size());
-        released
+        released + self.depot.trim()
     }
 
     /// The allocator is being dropped (the caller has retired this thread's cache): the
@@ -140,7 +138,8 @@ impl Engine {
         }
         thread_cache::announce_flush_requests();
         let released = self.release(from_cpus) + self.release(stashes);
-        self.trim_depot(released);
+        let released = self.trim_depot(released);
+        super::backing::release_to_os(released * self.backing().object_size());
         ids::release(self.index);
     }
 

@@ -381,29 +381,41 @@ pub(crate) fn discard_panic(mut payload: Box<dyn std::any::Any + Send>) {
     std::mem::forget(payload);
 }
 
-/// Asks the C allocator to return free memory to the OS after a large release: glibc
-/// keeps freed small blocks in its bins (not returning them even when all are free), so
-/// without this a trimmed spike would stay resident. Other platforms return memory on
-/// their own schedule.
+/// Asks the C allocator to return free memory to the OS after a release of `bytes`, if
+/// that is 1 MiB or more: glibc keeps freed small blocks in its bins (not returning them
+/// even when all are free), so without this a trimmed spike would stay resident. Other
+/// platforms return memory on their own schedule.
+///
+/// Called once per public trim (an allocator's, a block source's, `trim_all`) with
+/// everything it released, and when an allocator is dropped: many allocators that each
+/// release a little add up (`malloc_trim` walks glibc's whole heap, so it is not called
+/// per allocator either).
 pub(crate) fn release_to_os(bytes: usize) {
+    if bytes >= 1 << 20 {
+        ask_os_for_memory_back();
+    }
+}
+
+fn ask_os_for_memory_back() {
+    #[cfg(all(test, not(proxalloc_loom)))]
+    OS_RELEASES.with(|n| n.set(n.get() + 1));
     #[cfg(all(
         target_os = "linux",
         target_env = "gnu",
         not(miri),
         not(proxalloc_loom)
     ))]
-    if bytes >= 1 << 20 {
+    {
         extern "C" {
             fn malloc_trim(pad: usize) -> i32;
         }
         // SAFETY: glibc's `malloc_trim` has no preconditions.
         unsafe { malloc_trim(0) };
     }
-    #[cfg(not(all(
-        target_os = "linux",
-        target_env = "gnu",
-        not(miri),
-        not(proxalloc_loom)
-    )))]
-    let _ = bytes;
+}
+
+#[cfg(all(test, not(proxalloc_loom)))]
+std::thread_local! {
+    /// How many times this thread asked the OS for memory back (see [`release_to_os`]).
+    pub(crate) static OS_RELEASES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }

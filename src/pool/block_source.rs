@@ -393,7 +393,13 @@ impl BlockSource {
     /// assert_eq!(source.trim(), 8 << 10); // from this thread's cache
     /// ```
     pub fn trim(&self) -> usize {
-        self.c8.trim() + self.c16.trim() + self.c32.trim() + self.c64.trim() + self.large.trim()
+        let released = self.c8.trim_objects()
+            + self.c16.trim_objects()
+            + self.c32.trim_objects()
+            + self.c64.trim_objects()
+            + self.large.trim();
+        crate::core::backing::release_to_os(released);
+        released
     }
 
     /// Hands the calling thread's cached blocks to the source's depots.
@@ -428,6 +434,32 @@ impl Drop for BlockSource {
     fn drop(&mut self) {
         // The class allocators drop themselves (returning their cached blocks); the large
         // cache is emptied here.
-        self.large.trim();
+        crate::core::backing::release_to_os(self.large.trim());
+    }
+}
+
+#[cfg(all(test, not(proxalloc_loom)))]
+mod tests {
+    use super::{BlockSource, BLOCK_CLASSES};
+    use crate::core::backing::OS_RELEASES;
+
+    /// A source's classes that each give back less than the threshold for asking the OS,
+    /// and more together: its `trim` asks once.
+    #[test]
+    fn a_source_trim_asks_the_os_once_for_what_its_classes_release_together() {
+        let source = BlockSource::new(4 << 20);
+        // 320 KiB in each class.
+        let blocks: Vec<_> = BLOCK_CLASSES
+            .iter()
+            .flat_map(|&size| (0..(320 << 10) / size).map(move |_| size))
+            .map(|size| source.alloc(size).expect("memory"))
+            .collect();
+        for b in blocks {
+            // SAFETY: from `source`, unchanged, not used again.
+            unsafe { source.free(b) };
+        }
+        let before = OS_RELEASES.with(|n| n.get());
+        assert_eq!(source.trim(), 4 * (320 << 10));
+        assert_eq!(OS_RELEASES.with(|n| n.get()) - before, 1);
     }
 }

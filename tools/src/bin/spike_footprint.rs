@@ -1,12 +1,15 @@
 //! Footprint after a spike: RSS before, at a spike of one million live 64-byte objects,
 //! after freeing them, and after `trim()` (proxalloc) — each contender in a fresh process.
+//! `proxalloc-spread` holds the same spike in 100 allocators (640 KiB each, below the
+//! 1 MiB at which one allocator's trim asks glibc for memory back) and trims them all with
+//! `trim_all`.
 //!
 //! ```sh
 //! cargo run --release -p proxalloc-tools --bin spike_footprint            # every contender
 //! cargo run --release -p proxalloc-tools --bin spike_footprint -- proxalloc
 //! ```
 
-use proxalloc::CacheMode;
+use proxalloc::{CacheMode, ClassAllocator};
 use proxalloc_tools::contenders::{
     leak, ArrayQueuePool, Contender, Proxalloc, SystemBox, ViaGlobal,
 };
@@ -15,8 +18,9 @@ use proxalloc_tools::runner::header;
 use proxalloc_tools::workloads::{spike, Obj};
 
 const LIVE: u64 = 1_000_000;
-const CONTENDERS: [&str; 5] = [
+const CONTENDERS: [&str; 6] = [
     "proxalloc",
+    "proxalloc-spread",
     "box-system",
     "mimalloc",
     "jemalloc",
@@ -36,6 +40,21 @@ fn run(name: &str) -> (u64, u64, u64, Option<u64>) {
             let p = Proxalloc::new(CacheMode::ThreadCaches);
             let (spike, freed) = on(p);
             p.0.trim();
+            return (before, spike, freed, Some(rss_kib()));
+        }
+        "proxalloc-spread" => {
+            const SPREAD: u64 = 100;
+            let allocs: Vec<&'static ClassAllocator<Obj<64>>> = (0..SPREAD)
+                .map(|_| &*Box::leak(Box::new(ClassAllocator::new("spike-spread"))))
+                .collect();
+            let held: Vec<_> = (0..LIVE)
+                .map(|i| allocs[(i % SPREAD) as usize].alloc(Obj::<64>::new(i)))
+                .collect();
+            std::hint::black_box(&held);
+            let spike = rss_kib();
+            drop(held);
+            let freed = rss_kib();
+            proxalloc::trim_all();
             return (before, spike, freed, Some(rss_kib()));
         }
         "box-system" => on(leak(SystemBox)),
