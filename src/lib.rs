@@ -114,6 +114,35 @@ pub fn trim_all() -> usize {
     registry::trim_all()
 }
 
+/// Gives back what went unused since the previous call, for every allocator in the
+/// process, and returns those bytes: the magazines at the bottom of each depot that no
+/// thread took in the interval (a depot's working set is what its refills reached), the
+/// stash of every thread cache that made no allocation or free in the interval (whose
+/// thread is asked to flush its two magazines, as [`trim_all`] asks), everything an
+/// allocator caches if it made no operation at all, and a pool block source's large
+/// blocks if none was taken. The first call only starts the interval.
+///
+/// Call it periodically from a maintenance task (every few seconds, say): an idle
+/// allocator or thread is emptied over two calls, while a busy one keeps what it used,
+/// so memory comes back after a burst without the refills that a periodic `trim_all`
+/// would cost (Bonwick's depot working set, which his magazine allocator reaps from on
+/// memory pressure).
+///
+/// ```
+/// use proxalloc::{ClassAllocator, Config};
+/// static QUIET: ClassAllocator<[u8; 256]> =
+///     ClassAllocator::with_config("doc-trim-idle", Config::new().thread_cache_growth_bytes(0));
+/// drop((0..1000).map(|_| QUIET.alloc([0; 256])).collect::<Vec<_>>());
+/// let cached = QUIET.stats().cached_bytes();
+/// proxalloc::trim_idle(); // starts the interval
+/// // ... nothing uses QUIET for a while ...
+/// assert!(proxalloc::trim_idle() >= cached as usize);
+/// assert_eq!(QUIET.stats().reserved_bytes(), 0);
+/// ```
+pub fn trim_idle() -> usize {
+    registry::trim_idle()
+}
+
 /// Sets the process-wide thread-cache budget: the bytes by which all threads' caches,
 /// over all allocators, may grow beyond their first two magazines (default 32 MiB). A
 /// thread cache grows (see [`Config::thread_cache_growth_bytes`]) only with a grant from

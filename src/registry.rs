@@ -16,6 +16,10 @@ pub(crate) trait Registered: Send + Sync {
     /// Gives back what it caches (in the depot, and in the calling thread's cache);
     /// returns the bytes released. Asks nothing of the OS: `trim_all` does, once.
     fn trim(&self) -> usize;
+    /// Gives back what went unused since the previous call (see
+    /// [`trim_idle`](crate::trim_idle)); returns the bytes released. Asks nothing of the
+    /// OS either.
+    fn trim_idle(&self) -> usize;
     /// The numbers of the block source it belongs to, if it is a source's large blocks
     /// (registered once per source).
     fn source(&self) -> Option<BlockSourceStats> {
@@ -181,14 +185,23 @@ pub(crate) fn all_sources() -> Vec<BlockSourceStats> {
 /// Trims every live allocator; returns the bytes released. Needs no memory: a trim is
 /// what a program calls when memory runs out.
 pub(crate) fn trim_all() -> usize {
-    trim_each(|trim| for_each_registered(trim))
+    trim_each(|f| for_each_registered(f), |s| s.trim())
 }
 
-/// Trims every entry that `walk` passes to its callback, then asks the OS once for what
-/// they released together; returns the bytes released.
-fn trim_each(walk: impl FnOnce(&mut dyn FnMut(&dyn Registered))) -> usize {
+/// Gives back what every live allocator left unused since the previous call; returns the
+/// bytes released. Needs no memory, as `trim_all`.
+pub(crate) fn trim_idle() -> usize {
+    trim_each(|f| for_each_registered(f), |s| s.trim_idle())
+}
+
+/// Trims (with `trim`) every entry that `walk` passes to its callback, then asks the OS
+/// once for what they released together; returns the bytes released.
+fn trim_each(
+    walk: impl FnOnce(&mut dyn FnMut(&dyn Registered)),
+    trim: impl Fn(&dyn Registered) -> usize,
+) -> usize {
     let mut released = 0;
-    walk(&mut |s| released += s.trim());
+    walk(&mut |s| released += trim(s));
     crate::core::backing::release_to_os(released);
     released
 }
@@ -211,11 +224,14 @@ mod tests {
             drop((0..600).map(|_| x.alloc([0; 1024])).collect::<Vec<_>>());
         }
         let before = OS_RELEASES.with(|n| n.get());
-        let released = trim_each(|trim| {
-            for e in [a.engine(), b.engine()] {
-                trim(e as &dyn Registered);
-            }
-        });
+        let released = trim_each(
+            |trim| {
+                for e in [a.engine(), b.engine()] {
+                    trim(e as &dyn Registered);
+                }
+            },
+            |s| s.trim(),
+        );
         assert_eq!(released, 2 * 600 * 1024);
         assert_eq!(
             OS_RELEASES.with(|n| n.get()) - before,

@@ -400,6 +400,41 @@ impl<T> ClassAllocator<T> {
         released
     }
 
+    /// Gives back what of this allocator went unused since the previous call (of this
+    /// or of [`trim_idle`](crate::trim_idle)), and returns those bytes: the objects at the
+    /// bottom of the depot that no thread took in the interval, the stash of every
+    /// thread cache that made no allocation or free in it (and that thread is asked to
+    /// flush its two magazines), or everything, as [`trim`](Self::trim), if the allocator
+    /// made no operation at all. The first call only starts the interval.
+    ///
+    /// ```
+    /// use proxalloc::{ClassAllocator, Config};
+    /// // Small magazines and no stash, so that the freed objects go to the depot.
+    /// static MSGS: ClassAllocator<[u8; 64]> = ClassAllocator::with_config(
+    ///     "doc-class-trim-idle",
+    ///     Config::new().magazine_size(8).thread_cache_growth_bytes(0),
+    /// );
+    /// drop((0..100).map(|_| MSGS.alloc([0; 64])).collect::<Vec<_>>());
+    /// assert_eq!(MSGS.trim_idle(), 0); // the first call starts the interval
+    /// // Busy: 40 objects taken and given back, most of them through the depot.
+    /// drop((0..40).map(|_| MSGS.alloc([1; 64])).collect::<Vec<_>>());
+    /// let unused = MSGS.trim_idle(); // what no refill reached goes back...
+    /// assert!(unused > 0 && MSGS.stats().cached_in_depot > 0); // ...the rest stays
+    /// MSGS.trim_idle(); // idle for a whole interval: everything goes
+    /// assert_eq!(MSGS.stats().reserved_bytes(), 0);
+    /// ```
+    pub fn trim_idle(&self) -> usize {
+        let released = self.trim_idle_objects();
+        crate::core::backing::release_to_os(released);
+        released
+    }
+
+    /// [`trim_idle`](Self::trim_idle) without asking the OS for memory back (see
+    /// [`trim_objects`](Self::trim_objects)).
+    pub(crate) fn trim_idle_objects(&self) -> usize {
+        cache::trim_idle(self.engine()) * std::mem::size_of::<T>()
+    }
+
     /// [`trim`](Self::trim) without asking the OS for memory back, for callers that
     /// trim several allocators and ask once (a block source); returns the bytes released.
     pub(crate) fn trim_objects(&self) -> usize {

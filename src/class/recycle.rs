@@ -306,6 +306,24 @@ impl<T: Recycle> RecyclingAllocator<T> {
         self.inner.trim()
     }
 
+    /// Drops the values that went unused since the previous call, as
+    /// [`ClassAllocator::trim_idle`](crate::ClassAllocator::trim_idle) does; returns the
+    /// bytes released.
+    ///
+    /// ```
+    /// # use proxalloc::{Recycle, RecyclingAllocator};
+    /// # struct B(Vec<u8>);
+    /// # impl Recycle for B { fn create() -> Self { B(Vec::new()) } fn recycle(&mut self) -> bool { true } }
+    /// let bufs = RecyclingAllocator::<B>::new("doc-recycling-trim-idle");
+    /// drop(bufs.get());
+    /// assert_eq!(bufs.trim_idle(), 0); // starts the interval
+    /// assert!(bufs.trim_idle() > 0); // unused since: dropped, memory freed
+    /// assert_eq!(bufs.stats().cached_in_threads, 0);
+    /// ```
+    pub fn trim_idle(&self) -> usize {
+        self.inner.trim_idle()
+    }
+
     /// Hands this thread's cached values to the depot and forgets this thread's cache.
     ///
     /// ```

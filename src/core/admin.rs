@@ -27,10 +27,11 @@ impl Engine {
     #[must_use]
     pub(crate) fn adopt(&self, cache: *const ThreadCache) -> bool {
         let mut list = sync::lock(&self.cache_list);
-        if list.caches.try_reserve(1).is_err() {
+        if list.caches.try_reserve(1).is_err() || list.ops_seen.try_reserve(1).is_err() {
             return false;
         }
         list.caches.push(cache);
+        list.ops_seen.push(u64::MAX);
         true
     }
 
@@ -48,6 +49,7 @@ impl Engine {
         // A dead engine's cache list is already empty, and its stats are never read again.
         if let Some(pos) = list.caches.iter().position(|&x| std::ptr::eq(x, &*c)) {
             list.caches.swap_remove(pos);
+            list.ops_seen.swap_remove(pos);
             self.retired.add_shared(&c.counters);
         }
         // SAFETY: this thread's own cache.
@@ -101,12 +103,67 @@ impl Engine {
         Some(self.release(stashes))
     }
 
+    /// The part of `trim_idle` that reaches other threads: under the cache-list lock,
+    /// takes the stash and grant of every cache that made no allocation or free since
+    /// the previous call saw it, and asks its owner to flush the rest; then releases the
+    /// stashes. Returns the objects released and whether the whole engine made no
+    /// operation since the previous call, or `None` for a dead allocator.
+    pub(crate) fn trim_idle_stashes(&self) -> Option<(usize, bool)> {
+        let mut stashes = Evictions::default();
+        let mut asked = false;
+        let engine_idle;
+        {
+            let mut list = sync::lock(&self.cache_list);
+            if !self.is_alive() {
+                return None;
+            }
+            let list = &mut *list;
+            debug_assert_eq!(list.caches.len(), list.ops_seen.len());
+            let mut total = Counts::default();
+            self.retired.read_into(&mut total);
+            for (&c, seen) in list.caches.iter().zip(list.ops_seen.iter_mut()) {
+                let mut n = Counts::default();
+                // SAFETY: registered caches stay allocated while the lock is held; only
+                // their atomic counters are read (see `stats`).
+                unsafe { ThreadCache::counters(c) }.read_into(&mut n);
+                let ops = n.allocs.wrapping_add(n.frees);
+                if ops == *seen {
+                    // SAFETY: as above; only atomic fields are touched.
+                    unsafe {
+                        ThreadCache::request_flush(c);
+                        self.seize_stash(c, &mut stashes);
+                    }
+                    asked = true;
+                }
+                *seen = ops;
+                total.allocs += n.allocs;
+                total.frees += n.frees;
+            }
+            if let Some(pc) = &self.percpu {
+                pc.read_counts(&mut total);
+            }
+            let ops = total.allocs.wrapping_add(total.frees);
+            engine_idle = list.engine_ops_seen == Some(ops);
+            list.engine_ops_seen = Some(ops);
+        }
+        if asked {
+            thread_cache::announce_flush_requests();
+        }
+        Some((self.release(stashes), engine_idle))
+    }
+
     /// The end of a trim: gives everything the depot caches back to the backing
     /// allocator. Returns the objects released in all (`released` before this, and the
     /// depot's). Asking the C allocator to return memory to the OS is the caller's, once
     /// for everything its call released (see [`release_to_os`](super::backing::release_to_os)).
     pub(crate) fn trim_depot(&self, released: usize) -> usize {
         released + self.depot.trim()
+    }
+
+    /// The depot's part of `trim_idle` for an allocator in use: the objects no thread
+    /// took from it since the previous call (see [`Depot::trim_cold`](super::depot::Depot::trim_cold)).
+    pub(crate) fn trim_cold_depot(&self) -> usize {
+        self.depot.trim_cold()
     }
 
     /// The allocator is being dropped (the caller has retired this thread's cache): the
@@ -123,6 +180,7 @@ impl Engine {
         {
             let mut list = sync::lock(&self.cache_list);
             self.alive.store(false, Ordering::Release);
+            list.ops_seen.clear();
             for c in list.caches.drain(..) {
                 // SAFETY: registered caches stay allocated while the lock is held.
                 unsafe {

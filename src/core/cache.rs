@@ -524,6 +524,36 @@ pub(crate) fn trim(e: &Engine) -> usize {
     e.trim_depot(released)
 }
 
+/// Gives back what of `e` went unused since the previous call: the stash of every
+/// thread cache that made no allocation or free since then (whose owner is also asked to
+/// flush its two magazines, and this thread's cache is flushed now), and the depot's
+/// objects that no thread took since then (all of them, and every CPU's magazines, if
+/// the allocator made no operation at all). The first call only starts the interval.
+/// Returns the number of objects released (0 for a dead allocator).
+pub(crate) fn trim_idle(e: &Engine) -> usize {
+    let Some((mut released, engine_idle)) = e.trim_idle_stashes() else {
+        return 0;
+    };
+    if engine_idle {
+        if let Some(pc) = e.percpu() {
+            released += e.release(e.cpu_reclaim(pc));
+        }
+    }
+    // Looked up after the stashes' release, which may have run user code.
+    if let Lookup::Cache(c) = table::lookup(e.index(), e.instance()) {
+        if c.take_flush_request() {
+            // SAFETY: this thread's cache for `e`; no reference into it is live here.
+            let evictions = unsafe { e.flush(c) };
+            released += e.release(evictions);
+        }
+    }
+    if engine_idle {
+        e.trim_depot(released)
+    } else {
+        released + e.trim_cold_depot()
+    }
+}
+
 /// The allocator of `e` is being dropped: this thread's cache is retired now; the depot
 /// and other threads' stashes are released, and other threads are asked to retire
 /// their caches (see [`Engine::shutdown`]).
@@ -545,11 +575,20 @@ impl Registered for Engine {
     fn trim(&self) -> usize {
         trim(self) * self.backing().object_size()
     }
+
+    /// `trim_idle`: [`trim_idle`], in bytes.
+    fn trim_idle(&self) -> usize {
+        trim_idle(self) * self.backing().object_size()
+    }
 }
 
 #[cfg(all(test, not(proxalloc_loom)))]
 mod tests {
     use super::Hints;
+    use crate::core::table::{self, Lookup};
+    use crate::core::thread_cache::Holdings;
+    use crate::{ClassAllocator, Config};
+    use std::sync::mpsc;
 
     /// Unset hints read as an instance no engine has, and find no cache.
     #[test]
@@ -557,5 +596,95 @@ mod tests {
         let unset = Hints::unset();
         assert_eq!(unset.offset_and_instance(), (0, u64::MAX));
         assert!(unset.alloc().is_none());
+    }
+
+    /// What a worker thread is told to do with the allocator.
+    enum Step {
+        /// Allocate this many objects and free them.
+        Round(usize),
+        /// Report what its cache holds.
+        Report,
+    }
+
+    /// `trim_idle` takes the stash of a cache that made no operation since the previous
+    /// call (and asks its owner to flush), and leaves a busy cache's; the first call only
+    /// starts the interval.
+    #[test]
+    fn trim_idle_takes_the_stash_of_an_idle_cache_only() {
+        let a = ClassAllocator::<[u8; 64]>::with_config(
+            "cache-trim-idle",
+            Config::new().magazine_size(8),
+        );
+        let e = a.engine_arc();
+        let key = (e.index(), e.instance());
+        std::thread::scope(|s| {
+            let worker = |steps: mpsc::Receiver<Step>, reports: mpsc::Sender<Holdings>| {
+                let a = &a;
+                move || {
+                    for step in steps {
+                        match step {
+                            Step::Round(n) => {
+                                drop((0..n).map(|_| a.alloc([0; 64])).collect::<Vec<_>>())
+                            }
+                            Step::Report => match table::lookup(key.0, key.1) {
+                                Lookup::Cache(c) => reports.send(c.holdings()).unwrap(),
+                                _ => panic!("the worker has no cache"),
+                            },
+                        }
+                    }
+                }
+            };
+            let (idle_steps, idle_rx) = mpsc::channel();
+            let (busy_steps, busy_rx) = mpsc::channel();
+            let (idle_tx, idle_reports) = mpsc::channel();
+            let (busy_tx, busy_reports) = mpsc::channel();
+            s.spawn(worker(idle_rx, idle_tx));
+            s.spawn(worker(busy_rx, busy_tx));
+            let report = |steps: &mpsc::Sender<Step>, reports: &mpsc::Receiver<Holdings>| {
+                steps.send(Step::Report).unwrap();
+                reports.recv().unwrap()
+            };
+            // A first round spills; the second refills, which grants the stash room
+            // for what the next frees spill.
+            for steps in [&idle_steps, &busy_steps] {
+                for _ in 0..3 {
+                    steps.send(Step::Round(400)).unwrap();
+                }
+            }
+            let idle = report(&idle_steps, &idle_reports);
+            let busy = report(&busy_steps, &busy_reports);
+            assert!(idle.stash > 0 && busy.stash > 0, "{idle:?} {busy:?}");
+            assert_eq!(a.trim_idle(), 0, "the first call only starts the interval");
+            assert_eq!(report(&idle_steps, &idle_reports), idle);
+            busy_steps.send(Step::Round(400)).unwrap();
+            let busy = report(&busy_steps, &busy_reports);
+            let in_depot = a.stats().cached_in_depot;
+            let released = a.trim_idle();
+            let from_depot = in_depot - a.stats().cached_in_depot;
+            let idle_after = report(&idle_steps, &idle_reports);
+            let busy_after = report(&busy_steps, &busy_reports);
+            assert_eq!(
+                (
+                    idle_after.stash,
+                    idle_after.grant,
+                    idle_after.flush_requested
+                ),
+                (0, 0, true),
+                "the idle cache's stash"
+            );
+            assert_eq!(busy_after, busy, "the busy cache was left as it was");
+            assert_eq!(
+                released,
+                (idle.stash as usize * 8 + from_depot as usize) * 64,
+                "the idle stash, whole, and the depot's cold part"
+            );
+            // The idle worker flushes at its next slow path and goes on.
+            idle_steps.send(Step::Round(400)).unwrap();
+            let idle = report(&idle_steps, &idle_reports);
+            assert!(!idle.flush_requested, "{idle:?}");
+        });
+        let s = a.stats();
+        assert!(s.is_consistent(), "{s}");
+        assert_eq!(s.live, 0, "{s}");
     }
 }

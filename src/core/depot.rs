@@ -234,6 +234,12 @@ pub struct Depot {
     /// Bytes charged to the budget per cached object.
     charge: usize,
     backing: Backing,
+    /// The fewest objects the full stack held since [`trim_cold`](Self::trim_cold) last
+    /// ran (or since the depot was made: 0). The magazines at the bottom of the stack that
+    /// hold that many were not taken in the interval (the stack is LIFO). A hint, so std
+    /// even under loom: nothing is published through it, and a lost update only keeps or
+    /// releases one interval's worth more.
+    low_water: crate::sync::process::AtomicU64,
 }
 
 /// The budget a [`Depot`] charges its objects to.
@@ -275,6 +281,7 @@ impl Depot {
             shared_budget,
             charge: cached_bytes(backing.object_size()),
             backing,
+            low_water: crate::sync::process::AtomicU64::new(0),
         }
     }
 
@@ -349,7 +356,73 @@ impl Depot {
         // SAFETY: popped, so owned here.
         let n = unsafe { mag.len() };
         self.uncharge(n);
+        self.note_low_water(self.cached_objects());
         Some(mag)
+    }
+
+    /// Lowers the low-water mark to `now` objects if it is lower.
+    fn note_low_water(&self, now: usize) {
+        // Two relaxed accesses, not a `fetch_min`: the store is rare (only a new minimum
+        // of the interval), and the load is of a line no exchange writes otherwise.
+        let now = now as u64;
+        if now < self.low_water.load(Ordering::Relaxed) {
+            self.low_water.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Gives back the objects that no thread took from the full stack since the last
+    /// call (its bottom magazines, as many objects as its low-water mark), keeps the rest,
+    /// and starts the next interval. Returns the number of objects released.
+    pub fn trim_cold(&self) -> usize {
+        let cold = self.low_water.load(Ordering::Relaxed) as usize;
+        let Some(first) = self.line.full.take_all(&self.table) else {
+            self.low_water.store(0, Ordering::Relaxed);
+            return 0;
+        };
+        let mut total = 0;
+        for_each_in_chain(&self.table, first, |mag| {
+            // SAFETY: the detached chain is owned here.
+            total += unsafe { mag.len() };
+        });
+        // The warm part, from the top: what was pushed after the interval's low point.
+        let warm = total.saturating_sub(cold);
+        let mut kept = 0;
+        let mut last_kept = None;
+        for_each_in_chain(&self.table, first, |mag| {
+            if kept < warm {
+                // SAFETY: owned here.
+                kept += unsafe { mag.len() };
+                last_kept = Some(mag);
+            }
+        });
+        let cold_first = match last_kept {
+            None => Some(first),
+            Some(last) => {
+                let next = last.next.load(Ordering::Relaxed);
+                // The warm magazines go back before any object is released (releasing
+                // may run a recycling allocator's destructors, which may allocate).
+                self.line.full.push_chain(first, last);
+                // SAFETY: a link of the owned chain names a descriptor of this table.
+                (next != NIL).then(|| unsafe { self.table.get(next) })
+            }
+        };
+        let mut released = 0;
+        if let Some(cold_first) = cold_first {
+            let mut last = cold_first;
+            for_each_in_chain(&self.table, cold_first, |mag| {
+                // SAFETY: the cold part of the detached chain is owned here.
+                let n = unsafe { mag.len() };
+                self.uncharge(n);
+                // SAFETY: owned here.
+                unsafe { self.release_objects(mag) };
+                released += n;
+                last = mag;
+            });
+            self.line.empty.push_chain(cold_first, last);
+        }
+        self.low_water
+            .store(self.cached_objects() as u64, Ordering::Relaxed);
+        released
     }
 
     /// What `n` cached objects are charged to the budget.
@@ -502,6 +575,7 @@ impl Depot {
     /// storage of every idle empty magazine. Returns the number of objects released.
     /// Magazines that threads push meanwhile stay cached.
     pub fn trim(&self) -> usize {
+        self.low_water.store(0, Ordering::Relaxed);
         let mut released = 0;
         if let Some(first) = self.line.full.take_all(&self.table) {
             let mut last = first;
@@ -629,6 +703,65 @@ mod tests {
         assert_eq!(d.trim(), 4);
         assert_eq!(d.cached_objects(), 0);
         assert_eq!(d.backing().allocs(), d.backing().frees());
+    }
+
+    /// `trim_cold` releases the bottom of the full stack that no take reached since its
+    /// previous call, keeps what was pushed above, and starts the next interval there.
+    #[test]
+    fn trim_cold_releases_what_no_take_reached_since_the_last_call() {
+        let d = depot(4, 100);
+        let first: Vec<u32> = (0..5)
+            .map(|_| {
+                let m = filled(&d, 4);
+                assert_eq!(put(&d, m), "cached");
+                m.index
+            })
+            .collect();
+        assert_eq!(
+            d.trim_cold(),
+            0,
+            "a new depot's interval starts at 0 objects"
+        );
+        // Three taken (the low point: 2 magazines, 8 objects), two given back, one
+        // of them partial.
+        let taken: Vec<&Magazine> = (0..3).map(|_| d.take_full().unwrap()).collect();
+        assert_eq!(put(&d, taken[0]), "cached");
+        // SAFETY: owned; one object back to the backing allocator.
+        unsafe {
+            taken[1].with_rounds(|r| {
+                r.len -= 1;
+                d.backing().dealloc_all(&[*r.slots.add(r.len)]);
+            })
+        };
+        assert_eq!(put(&d, taken[1]), "cached");
+        assert_eq!(d.cached_objects(), 15);
+        assert_eq!(d.trim_cold(), 8, "the two bottom magazines");
+        assert_eq!(d.cached_objects(), 7);
+        let kept: Vec<u32> = std::iter::from_fn(|| d.take_full().map(|m| m.index)).collect();
+        assert_eq!(
+            kept,
+            [taken[1].index, taken[0].index],
+            "the warm part, in order"
+        );
+        assert!(!kept.contains(&first[0]) && !kept.contains(&first[1]));
+        for &i in kept.iter().rev() {
+            // SAFETY: taken above, owned.
+            assert_eq!(put(&d, unsafe { d.magazine(i) }), "cached");
+        }
+        // The interval started at 7 objects; the takes above went down to 0.
+        assert_eq!(d.trim_cold(), 0);
+        assert_eq!(d.trim_cold(), 7, "untouched for a whole interval");
+        assert_eq!(d.cached_objects(), 0);
+        // SAFETY: owned.
+        unsafe { d.release_objects(taken[2]) };
+        assert_eq!(put(&d, taken[2]), "empty");
+        assert_eq!(d.backing().allocs(), d.backing().frees());
+        // A full trim ends an interval at 0 too.
+        assert_eq!(put(&d, filled(&d, 4)), "cached");
+        d.trim();
+        assert_eq!(put(&d, filled(&d, 4)), "cached");
+        assert_eq!(d.trim_cold(), 0);
+        d.trim();
     }
 
     #[test]

@@ -28,6 +28,12 @@ use crate::sync::{self, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
 #[derive(Debug)]
 pub(super) struct CacheList {
     pub(super) caches: Vec<*const ThreadCache>,
+    /// For `trim_idle`, one entry per cache, in the order of `caches`: the cache's
+    /// operations (allocations and frees) when the previous call saw it, or `u64::MAX`
+    /// before it has.
+    pub(super) ops_seen: Vec<u64>,
+    /// The engine's operations at the previous `trim_idle`, `None` before the first.
+    pub(super) engine_ops_seen: Option<u64>,
 }
 
 // SAFETY: the pointers are caches owned by their threads' tables, read (counters only)
@@ -160,7 +166,11 @@ impl Engine {
             depot,
             percpu,
             alive: AtomicBool::new(true),
-            cache_list: Mutex::new(CacheList { caches: Vec::new() }),
+            cache_list: Mutex::new(CacheList {
+                caches: Vec::new(),
+                ops_seen: Vec::new(),
+                engine_ops_seen: None,
+            }),
             retired: Counters::new(),
             magazine_bytes: capacity * magazine::cached_bytes(layout.size()),
             max_grant: match mode {

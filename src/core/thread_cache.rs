@@ -180,7 +180,7 @@ pub(crate) struct ThreadCache {
 }
 
 /// What a cache holds (see [`Owner::holdings`]).
-#[cfg(all(test, proxalloc_loom))]
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Holdings {
     /// Objects in the loaded magazine, if there is one.
@@ -607,9 +607,9 @@ impl<'c> Owner<'c> {
         self.spills_since_refill.replace(0)
     }
 
-    /// What this cache holds, for the loom models' checks (with no reference from its
-    /// owner part live).
-    #[cfg(all(test, proxalloc_loom))]
+    /// What this cache holds, for the tests' and loom models' checks (with no reference
+    /// from its owner part live).
+    #[cfg(test)]
     pub(crate) fn holdings(self) -> Holdings {
         // SAFETY: per the contract; the borrow ends here.
         let o = unsafe { self.owned() };

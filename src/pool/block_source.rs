@@ -402,6 +402,28 @@ impl BlockSource {
         released
     }
 
+    /// Gives back the blocks that went unused since the previous call, as
+    /// [`trim_idle`](crate::trim_idle) does for every allocator; returns the bytes
+    /// released. The first call only starts the interval.
+    ///
+    /// ```
+    /// let source = proxalloc::BlockSource::new(1 << 20);
+    /// let b = source.alloc(200_000).unwrap(); // a large block
+    /// // SAFETY: from `source`, not used again.
+    /// unsafe { source.free(b) };
+    /// assert_eq!(source.trim_idle(), 0); // starts the interval
+    /// assert_eq!(source.trim_idle(), 200_704); // no block taken since
+    /// ```
+    pub fn trim_idle(&self) -> usize {
+        let released = self.c8.trim_idle_objects()
+            + self.c16.trim_idle_objects()
+            + self.c32.trim_idle_objects()
+            + self.c64.trim_idle_objects()
+            + self.large.trim_idle();
+        crate::core::backing::release_to_os(released);
+        released
+    }
+
     /// Hands the calling thread's cached blocks to the source's depots.
     ///
     /// ```

@@ -44,6 +44,8 @@ pub(super) struct Large {
     live_bytes: StatCounter,
     /// Bytes of the blocks in the buckets.
     cached_bytes: StatCounter,
+    /// `allocs` at the previous `trim_idle`, `u64::MAX` before the first.
+    allocs_seen_idle: sync::process::AtomicU64,
 }
 
 /// The layout of a large block that was allocated (so its size is known to fit one).
@@ -70,6 +72,7 @@ impl Large {
             system_frees: StatCounter::new(),
             live_bytes: StatCounter::new(),
             cached_bytes: StatCounter::new(),
+            allocs_seen_idle: sync::process::AtomicU64::new(u64::MAX),
         });
         #[cfg(not(proxalloc_loom))]
         crate::registry::register(&large);
@@ -194,6 +197,20 @@ impl Large {
         released
     }
 
+    /// Empties the cache if no block was taken since the previous call (the first call
+    /// only starts the interval); returns the bytes released.
+    pub(super) fn trim_idle(&self) -> usize {
+        let allocs = self.allocs.get();
+        let seen = self
+            .allocs_seen_idle
+            .swap(allocs, crate::sync::Ordering::Relaxed);
+        if seen == allocs {
+            self.trim()
+        } else {
+            0
+        }
+    }
+
     pub(super) fn stats(&self) -> Stats {
         let allocs = self.allocs.get();
         let frees = self.frees.get();
@@ -225,6 +242,10 @@ impl Registered for Large {
 
     fn trim(&self) -> usize {
         Large::trim(self)
+    }
+
+    fn trim_idle(&self) -> usize {
+        Large::trim_idle(self)
     }
 
     fn source(&self) -> Option<BlockSourceStats> {

@@ -70,6 +70,42 @@ fn shutdown_races_thread_exit() {
     });
 }
 
+/// `trim_idle`, twice (the second call may find the worker idle since the first and take
+/// its stash, and releases the depot's cold part), while the worker grows, pops and
+/// refills its stash: nothing is lost or released twice, and the grant goes back.
+#[test]
+fn trim_idle_takes_a_stash_and_the_cold_depot_while_the_owner_uses_them() {
+    loom::model(|| {
+        let a = Arc::new(allocator(1, 8));
+        let admin = Admin::of(&a);
+        let worker = {
+            let a = Arc::clone(&a);
+            thread::spawn(move || {
+                churn(&a, 3);
+                churn(&a, 3);
+                a.release_thread_cache();
+            })
+        };
+        admin.trim_idle();
+        admin.trim_idle();
+        worker.join().unwrap();
+        let s = a.stats();
+        assert!(s.is_consistent(), "{s}");
+        assert_eq!((s.live, s.cached_in_threads), (0, 0), "{s}");
+        assert_eq!(granted(), 0, "a grant was kept");
+        // Nobody used the allocator since: an idle interval releases everything.
+        admin.trim_idle();
+        admin.trim_idle();
+        let s = a.stats();
+        assert_eq!(s.reserved_objects(), 0, "{s}");
+        drop(admin);
+        let Ok(a) = Arc::try_unwrap(a) else {
+            panic!("a thread kept the allocator")
+        };
+        drop(a);
+    });
+}
+
 /// A thread that grew a stash (it spilled a magazine, then needed it back) pushes and
 /// pops it while `trim_all` takes the whole stash from another thread: nothing is lost
 /// or released twice, and the grant goes back to the process-wide budget.

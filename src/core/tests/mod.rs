@@ -138,6 +138,11 @@ impl Admin {
         Registered::trim(&*self.0)
     }
 
+    /// What `trim_idle` does to this allocator.
+    fn trim_idle(&self) -> usize {
+        Registered::trim_idle(&*self.0)
+    }
+
     /// What `stats::all` reads of this allocator.
     fn stats(&self) -> Option<Stats> {
         Registered::stats(&*self.0)
