@@ -374,9 +374,10 @@ impl Depot {
     /// call (its bottom magazines, as many objects as its low-water mark), keeps the rest,
     /// and starts the next interval. Returns the number of objects released.
     pub fn trim_cold(&self) -> usize {
-        let cold = self.low_water.load(Ordering::Relaxed) as usize;
+        // Taken (0 left in its place): a second caller meanwhile finds no cold part,
+        // instead of this interval's mark against what this call is about to push back.
+        let cold = self.low_water.swap(0, Ordering::Relaxed) as usize;
         let Some(first) = self.line.full.take_all(&self.table) else {
-            self.low_water.store(0, Ordering::Relaxed);
             return 0;
         };
         let mut total = 0;
