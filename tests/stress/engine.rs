@@ -1131,7 +1131,11 @@ fn local_burst(rng: &mut Rng, held: &mut Vec<Item>) {
                 match rng.below(5) {
                     0 => PLAIN.release_thread_cache(),
                     1 => {
-                        PLAIN.trim();
+                        if rng.per_mille(500) {
+                            PLAIN.trim();
+                        } else {
+                            PLAIN.trim_idle();
+                        }
                     }
                     2 => {
                         proxalloc::trim_all();
@@ -1369,11 +1373,13 @@ fn step(ctx: &Ctx, slot: usize, rng: &mut Rng, held: &mut Vec<Item>) {
             }
         },
         91..=92 => {
-            let _ = match rng.below(5) {
+            let _ = match rng.below(7) {
                 0 => SMALL.trim(),
                 1 => ZSTS.trim(),
                 2 => RECYCLED.trim(),
                 3 => block_source().trim(),
+                4 => RECYCLED.trim_idle(),
+                5 => ctx.pick_rt(rng).map_or(0, |rt| rt.alloc.trim_idle()),
                 _ => ctx.pick_rt(rng).map_or(0, |rt| rt.alloc.trim()),
             };
         }
@@ -1405,14 +1411,20 @@ fn admin(ctx: &Ctx, mut rng: Rng, budget: usize) {
     while !ctx.stop.load(Ordering::Relaxed) {
         ctx.pause_point();
         match rng.below(8) {
-            0 | 1 => {
+            0 => {
                 proxalloc::trim_all();
             }
+            1 => {
+                // What went unused since the last call: the busy caches keep theirs.
+                proxalloc::trim_idle();
+            }
             2 => {
-                let _ = match rng.below(4) {
+                let _ = match rng.below(6) {
                     0 => PLAIN.trim(),
                     1 => CAPPED.trim(),
                     2 => SHARED.trim(),
+                    3 => PLAIN.trim_idle(),
+                    4 => block_source().trim_idle(),
                     _ => ThinVals::allocator().trim(),
                 };
             }
