@@ -120,13 +120,18 @@ pub fn trim_all() -> usize {
 /// stash of every thread cache that made no allocation or free in the interval (whose
 /// thread is asked to flush its two magazines, as [`trim_all`] asks), everything an
 /// allocator caches if it made no operation at all, and a pool block source's large
-/// blocks if none was taken. The first call only starts the interval.
+/// blocks if none was taken. The first call only starts the interval, and a call less
+/// than a millisecond after the previous one does nothing (in an interval that short
+/// every cache would look idle).
 ///
-/// Call it periodically from a maintenance task (every few seconds, say): an idle
-/// allocator or thread is emptied over two calls, while a busy one keeps what it used,
-/// so memory comes back after a burst without the refills that a periodic `trim_all`
-/// would cost (Bonwick's depot working set, which his magazine allocator reaps from on
-/// memory pressure).
+/// Call it periodically from one maintenance task (every few seconds, say; the interval
+/// is per allocator and shared by every caller, this function's and the allocators'
+/// own `trim_idle`, so two tasks calling it would shorten each other's intervals): an
+/// idle allocator is emptied over two calls, and an idle thread's stash with it (its two
+/// magazines per allocator come back when it next runs, as after `trim_all`), while a
+/// busy one keeps what it used, so memory comes back after a burst without the refills
+/// that a periodic `trim_all` would cost (Bonwick's depot working set, which his
+/// magazine allocator reaps from on memory pressure).
 ///
 /// ```
 /// use proxalloc::{ClassAllocator, Config};
@@ -135,7 +140,7 @@ pub fn trim_all() -> usize {
 /// drop((0..1000).map(|_| QUIET.alloc([0; 256])).collect::<Vec<_>>());
 /// let cached = QUIET.stats().cached_bytes();
 /// proxalloc::trim_idle(); // starts the interval
-/// // ... nothing uses QUIET for a while ...
+/// std::thread::sleep(std::time::Duration::from_millis(5)); // nothing uses QUIET meanwhile
 /// assert!(proxalloc::trim_idle() >= cached as usize);
 /// assert_eq!(QUIET.stats().reserved_bytes(), 0);
 /// ```

@@ -249,4 +249,26 @@ mod tests {
             "600 KiB per allocator: below the threshold each time"
         );
     }
+
+    /// One allocator's `trim` and `trim_idle` that release a megabyte ask the OS once
+    /// each (the single-allocator spike that `malloc_trim` is called for).
+    #[test]
+    fn an_allocators_trim_and_trim_idle_ask_the_os_for_a_megabyte() {
+        let a = ClassAllocator::<[u8; 1024]>::with_config(
+            "registry-os-release-one",
+            Config::new().depot_bytes(4 << 20),
+        );
+        let spike = || drop((0..1100).map(|_| a.alloc([0; 1024])).collect::<Vec<_>>());
+        let asked = || OS_RELEASES.with(|n| n.get());
+        spike();
+        let before = asked();
+        assert_eq!(a.trim(), 1100 * 1024);
+        assert_eq!(asked() - before, 1, "trim");
+        spike();
+        let before = asked();
+        assert_eq!(a.trim_idle(), 0, "the first call starts the interval");
+        std::thread::sleep(crate::core::admin::MIN_IDLE_INTERVAL * 3);
+        assert_eq!(a.trim_idle(), 1100 * 1024);
+        assert_eq!(asked() - before, 1, "trim_idle");
+    }
 }

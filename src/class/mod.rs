@@ -415,11 +415,14 @@ impl<T> ClassAllocator<T> {
     ///     Config::new().magazine_size(8).thread_cache_growth_bytes(0),
     /// );
     /// drop((0..100).map(|_| MSGS.alloc([0; 64])).collect::<Vec<_>>());
+    /// let pause = || std::thread::sleep(std::time::Duration::from_millis(5));
     /// assert_eq!(MSGS.trim_idle(), 0); // the first call starts the interval
     /// // Busy: 40 objects taken and given back, most of them through the depot.
     /// drop((0..40).map(|_| MSGS.alloc([1; 64])).collect::<Vec<_>>());
+    /// pause();
     /// let unused = MSGS.trim_idle(); // what no refill reached goes back...
     /// assert!(unused > 0 && MSGS.stats().cached_in_depot > 0); // ...the rest stays
+    /// pause();
     /// MSGS.trim_idle(); // idle for a whole interval: everything goes
     /// assert_eq!(MSGS.stats().reserved_bytes(), 0);
     /// ```

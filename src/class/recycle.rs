@@ -317,6 +317,7 @@ impl<T: Recycle> RecyclingAllocator<T> {
     /// let bufs = RecyclingAllocator::<B>::new("doc-recycling-trim-idle");
     /// drop(bufs.get());
     /// assert_eq!(bufs.trim_idle(), 0); // starts the interval
+    /// std::thread::sleep(std::time::Duration::from_millis(5));
     /// assert!(bufs.trim_idle() > 0); // unused since: dropped, memory freed
     /// assert_eq!(bufs.stats().cached_in_threads, 0);
     /// ```

@@ -15,11 +15,29 @@
 //! late owner still finds valid magazines, and whatever reaches the depot after
 //! shutdown is released when the engine drops.
 
-use super::engine::{Engine, Evictions};
+use super::engine::{Engine, Evictions, IdleSeen, Listed};
 use super::ids;
 use super::thread_cache::{self, Counts, Owner, ThreadCache};
 use crate::stats::Stats;
 use crate::sync::{self, Ordering};
+
+/// The shortest interval `trim_idle` judges idleness over: a call sooner than this after
+/// the previous one that counted (back to back, or two callers at once) releases nothing
+/// and leaves the interval running, instead of finding every cache idle in an interval
+/// of microseconds. (None under loom, whose models make their calls back to back.)
+#[cfg(not(proxalloc_loom))]
+pub(crate) const MIN_IDLE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(1);
+#[cfg(proxalloc_loom)]
+pub(crate) const MIN_IDLE_INTERVAL: std::time::Duration = std::time::Duration::ZERO;
+
+/// What `trim_idle` found of one allocator's interval.
+pub(crate) enum IdleInterval {
+    /// Shorter than [`MIN_IDLE_INTERVAL`]: nothing done.
+    TooShort,
+    /// Judged: the objects of idle caches' stashes released, and whether the whole
+    /// engine made no operation in it.
+    Ended { released: usize, engine_idle: bool },
+}
 
 impl Engine {
     /// Adds a newly created cache of this thread to the engine's cache list; false (and
@@ -27,11 +45,10 @@ impl Engine {
     #[must_use]
     pub(crate) fn adopt(&self, cache: *const ThreadCache) -> bool {
         let mut list = sync::lock(&self.cache_list);
-        if list.caches.try_reserve(1).is_err() || list.ops_seen.try_reserve(1).is_err() {
+        if list.caches.try_reserve(1).is_err() {
             return false;
         }
-        list.caches.push(cache);
-        list.ops_seen.push(u64::MAX);
+        list.caches.push(Listed::new(cache));
         true
     }
 
@@ -47,9 +64,8 @@ impl Engine {
         let evictions = unsafe { self.flush(c) };
         let mut list = sync::lock(&self.cache_list);
         // A dead engine's cache list is already empty, and its stats are never read again.
-        if let Some(pos) = list.caches.iter().position(|&x| std::ptr::eq(x, &*c)) {
+        if let Some(pos) = list.caches.iter().position(|l| std::ptr::eq(l.cache, &*c)) {
             list.caches.swap_remove(pos);
-            list.ops_seen.swap_remove(pos);
             self.retired.add_shared(&c.counters);
         }
         // SAFETY: this thread's own cache.
@@ -91,7 +107,7 @@ impl Engine {
             if !self.is_alive() {
                 return None;
             }
-            for &c in &list.caches {
+            for c in list.caches.iter().map(|l| l.cache) {
                 // SAFETY: registered caches stay allocated while the lock is held.
                 unsafe {
                     ThreadCache::request_flush(c);
@@ -105,10 +121,10 @@ impl Engine {
 
     /// The part of `trim_idle` that reaches other threads: under the cache-list lock,
     /// takes the stash and grant of every cache that made no allocation or free since
-    /// the previous call saw it, and asks its owner to flush the rest; then releases the
-    /// stashes. Returns the objects released and whether the whole engine made no
-    /// operation since the previous call, or `None` for a dead allocator.
-    pub(crate) fn trim_idle_stashes(&self) -> Option<(usize, bool)> {
+    /// the previous call saw it, and asks its owner to flush the rest (once: not again
+    /// while it stays idle); then releases the stashes. `None` for a dead allocator,
+    /// whose caches are their owners' to release.
+    pub(crate) fn trim_idle_stashes(&self) -> Option<IdleInterval> {
         let mut stashes = Evictions::default();
         let mut asked = false;
         let engine_idle;
@@ -117,25 +133,36 @@ impl Engine {
             if !self.is_alive() {
                 return None;
             }
-            let list = &mut *list;
-            debug_assert_eq!(list.caches.len(), list.ops_seen.len());
+            let now = std::time::Instant::now();
+            if list
+                .idle_seen
+                .is_some_and(|seen| now.saturating_duration_since(seen.at) < MIN_IDLE_INTERVAL)
+            {
+                return Some(IdleInterval::TooShort);
+            }
             let mut total = Counts::default();
             self.retired.read_into(&mut total);
-            for (&c, seen) in list.caches.iter().zip(list.ops_seen.iter_mut()) {
+            for listed in &mut list.caches {
+                let c = listed.cache;
                 let mut n = Counts::default();
                 // SAFETY: registered caches stay allocated while the lock is held; only
                 // their atomic counters are read (see `stats`).
                 unsafe { ThreadCache::counters(c) }.read_into(&mut n);
                 let ops = n.allocs.wrapping_add(n.frees);
-                if ops == *seen {
+                if ops == listed.ops_seen {
                     // SAFETY: as above; only atomic fields are touched.
                     unsafe {
-                        ThreadCache::request_flush(c);
+                        if !listed.asked {
+                            ThreadCache::request_flush(c);
+                            asked = true;
+                        }
                         self.seize_stash(c, &mut stashes);
                     }
-                    asked = true;
+                    listed.asked = true;
+                } else {
+                    listed.asked = false;
                 }
-                *seen = ops;
+                listed.ops_seen = ops;
                 total.allocs += n.allocs;
                 total.frees += n.frees;
             }
@@ -143,13 +170,16 @@ impl Engine {
                 pc.read_counts(&mut total);
             }
             let ops = total.allocs.wrapping_add(total.frees);
-            engine_idle = list.engine_ops_seen == Some(ops);
-            list.engine_ops_seen = Some(ops);
+            engine_idle = list.idle_seen.is_some_and(|seen| seen.ops == ops);
+            list.idle_seen = Some(IdleSeen { ops, at: now });
         }
         if asked {
             thread_cache::announce_flush_requests();
         }
-        Some((self.release(stashes), engine_idle))
+        Some(IdleInterval::Ended {
+            released: self.release(stashes),
+            engine_idle,
+        })
     }
 
     /// The end of a trim: gives everything the depot caches back to the backing
@@ -180,8 +210,7 @@ impl Engine {
         {
             let mut list = sync::lock(&self.cache_list);
             self.alive.store(false, Ordering::Release);
-            list.ops_seen.clear();
-            for c in list.caches.drain(..) {
+            for c in list.caches.drain(..).map(|l| l.cache) {
                 // SAFETY: registered caches stay allocated while the lock is held.
                 unsafe {
                     ThreadCache::request_flush(c);
@@ -229,7 +258,7 @@ impl Engine {
             let list = sync::lock(&self.cache_list);
             self.retired.read_into(&mut n);
             threads = list.caches.len();
-            for &c in &list.caches {
+            for c in list.caches.iter().map(|l| l.cache) {
                 // SAFETY: registered caches stay allocated while the lock is held; only
                 // their atomic counters are read, through a reference to that field
                 // alone (the owner may be using its magazines meanwhile).

@@ -18,6 +18,7 @@
 
 use std::ptr::NonNull;
 
+use super::admin::IdleInterval;
 use super::engine::Engine;
 use super::percpu::PerCpu;
 use super::rseq;
@@ -531,8 +532,12 @@ pub(crate) fn trim(e: &Engine) -> usize {
 /// the allocator made no operation at all). The first call only starts the interval.
 /// Returns the number of objects released (0 for a dead allocator).
 pub(crate) fn trim_idle(e: &Engine) -> usize {
-    let Some((mut released, engine_idle)) = e.trim_idle_stashes() else {
-        return 0;
+    let (mut released, engine_idle) = match e.trim_idle_stashes() {
+        None | Some(IdleInterval::TooShort) => return 0,
+        Some(IdleInterval::Ended {
+            released,
+            engine_idle,
+        }) => (released, engine_idle),
     };
     if engine_idle {
         if let Some(pc) = e.percpu() {
@@ -602,13 +607,23 @@ mod tests {
     enum Step {
         /// Allocate this many objects and free them.
         Round(usize),
+        /// Allocate this many objects and keep them (no free).
+        Keep(usize),
+        /// Free the kept objects.
+        Free,
         /// Report what its cache holds.
         Report,
     }
 
+    /// Longer than `MIN_IDLE_INTERVAL`, so that the next `trim_idle` counts.
+    fn pause() {
+        std::thread::sleep(crate::core::admin::MIN_IDLE_INTERVAL * 3);
+    }
+
     /// `trim_idle` takes the stash of a cache that made no operation since the previous
-    /// call (and asks its owner to flush), and leaves a busy cache's; the first call only
-    /// starts the interval.
+    /// call (and asks its owner to flush), and leaves a busy cache's, also one that only
+    /// allocated or only freed; the first call only starts the interval, and one sooner
+    /// than the minimum interval does nothing.
     #[test]
     fn trim_idle_takes_the_stash_of_an_idle_cache_only() {
         let a = ClassAllocator::<[u8; 64]>::with_config(
@@ -621,11 +636,14 @@ mod tests {
             let worker = |steps: mpsc::Receiver<Step>, reports: mpsc::Sender<Holdings>| {
                 let a = &a;
                 move || {
+                    let mut kept = Vec::new();
                     for step in steps {
                         match step {
                             Step::Round(n) => {
                                 drop((0..n).map(|_| a.alloc([0; 64])).collect::<Vec<_>>())
                             }
+                            Step::Keep(n) => kept.extend((0..n).map(|_| a.alloc([0; 64]))),
+                            Step::Free => kept.clear(),
                             Step::Report => match table::lookup(key.0, key.1) {
                                 Lookup::Cache(c) => reports.send(c.holdings()).unwrap(),
                                 _ => panic!("the worker has no cache"),
@@ -656,6 +674,7 @@ mod tests {
             assert!(idle.stash > 0 && busy.stash > 0, "{idle:?} {busy:?}");
             assert_eq!(a.trim_idle(), 0, "the first call only starts the interval");
             assert_eq!(report(&idle_steps, &idle_reports), idle);
+            pause();
             busy_steps.send(Step::Round(400)).unwrap();
             let busy = report(&busy_steps, &busy_reports);
             let in_depot = a.stats().cached_in_depot;
@@ -678,6 +697,19 @@ mod tests {
                 (idle.stash as usize * 8 + from_depot as usize) * 64,
                 "the idle stash, whole, and the depot's cold part"
             );
+            // Back to back: too short an interval to judge, so the busy cache, which made
+            // no operation since the call above, keeps its stash.
+            assert_eq!(a.trim_idle(), 0);
+            assert_eq!(report(&busy_steps, &busy_reports), busy);
+            // A cache that only allocates, then one that only frees, is busy too.
+            for step in [Step::Keep(300), Step::Free] {
+                pause();
+                busy_steps.send(step).unwrap();
+                let busy = report(&busy_steps, &busy_reports);
+                a.trim_idle();
+                let after = report(&busy_steps, &busy_reports);
+                assert_eq!(after, busy, "a cache that only allocated or only freed");
+            }
             // The idle worker flushes at its next slow path and goes on.
             idle_steps.send(Step::Round(400)).unwrap();
             let idle = report(&idle_steps, &idle_reports);

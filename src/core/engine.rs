@@ -27,13 +27,41 @@ use crate::sync::{self, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
 /// Thread caches of one engine.
 #[derive(Debug)]
 pub(super) struct CacheList {
-    pub(super) caches: Vec<*const ThreadCache>,
-    /// For `trim_idle`, one entry per cache, in the order of `caches`: the cache's
-    /// operations (allocations and frees) when the previous call saw it, or `u64::MAX`
-    /// before it has.
-    pub(super) ops_seen: Vec<u64>,
-    /// The engine's operations at the previous `trim_idle`, `None` before the first.
-    pub(super) engine_ops_seen: Option<u64>,
+    pub(super) caches: Vec<Listed>,
+    /// What the previous `trim_idle` that counted saw of the whole engine.
+    pub(super) idle_seen: Option<IdleSeen>,
+}
+
+/// A registered thread cache, and what `trim_idle` saw of it.
+#[derive(Debug)]
+pub(super) struct Listed {
+    pub(super) cache: *const ThreadCache,
+    /// Its operations (allocations and frees) at the previous `trim_idle` that counted,
+    /// or `u64::MAX` before one has seen it.
+    pub(super) ops_seen: u64,
+    /// Whether `trim_idle` found it idle then too, and asked it to flush already (so
+    /// that a cache idle for good is not asked again at every call, each of which would
+    /// make every thread sweep its table).
+    pub(super) asked: bool,
+}
+
+impl Listed {
+    pub(super) fn new(cache: *const ThreadCache) -> Self {
+        Listed {
+            cache,
+            ops_seen: u64::MAX,
+            asked: false,
+        }
+    }
+}
+
+/// The engine at the previous `trim_idle` that counted.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct IdleSeen {
+    /// Its operations, all caches (and retired ones, and CPU caches) together.
+    pub(super) ops: u64,
+    /// When.
+    pub(super) at: std::time::Instant,
 }
 
 // SAFETY: the pointers are caches owned by their threads' tables, read (counters only)
@@ -168,8 +196,7 @@ impl Engine {
             alive: AtomicBool::new(true),
             cache_list: Mutex::new(CacheList {
                 caches: Vec::new(),
-                ops_seen: Vec::new(),
-                engine_ops_seen: None,
+                idle_seen: None,
             }),
             retired: Counters::new(),
             magazine_bytes: capacity * magazine::cached_bytes(layout.size()),
@@ -560,7 +587,7 @@ impl Engine {
         if self.draw_credits(c) {
             return true;
         }
-        for &other in &list.caches {
+        for other in list.caches.iter().map(|l| l.cache) {
             // SAFETY: registered caches stay allocated while the lock is held.
             let n = unsafe { ThreadCache::seize_credits(other) };
             self.available.fetch_add(n as usize, Ordering::Relaxed);

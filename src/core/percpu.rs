@@ -519,6 +519,43 @@ mod tests {
         *s
     }
 
+    /// `trim_idle` judges a per-CPU allocator by its CPU caches' operations too (a thread
+    /// with an rseq area has no thread cache of it): busy, its CPU caches stay; idle for a
+    /// whole interval, they go with the rest.
+    #[test]
+    fn trim_idle_keeps_a_busy_per_cpu_allocators_cpu_caches() {
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let a = ClassAllocator::<u64>::with_config(
+            "percpu-trim-idle",
+            Config::new().mode(CacheMode::PerCpu).magazine_size(8),
+        );
+        if std::env::var_os("PROXALLOC_TEST_REQUIRE_PERCPU").is_some_and(|v| !v.is_empty()) {
+            assert_eq!(a.mode(), CacheMode::PerCpu, "the allocator fell back");
+        }
+        if a.mode() != CacheMode::PerCpu || rseq::thread_area().is_null() {
+            eprintln!("per-CPU caches unavailable here: nothing to test");
+            return;
+        }
+        let pause = || std::thread::sleep(crate::core::admin::MIN_IDLE_INTERVAL * 3);
+        let round = || drop((0..6).map(|i| a.alloc(i)).collect::<Vec<_>>());
+        round();
+        a.trim_idle();
+        pause();
+        round();
+        let cached = a.stats().cached_in_threads;
+        assert!(cached > 0, "the CPU caches hold the round's objects");
+        a.trim_idle();
+        assert_eq!(
+            a.stats().cached_in_threads,
+            cached,
+            "a busy allocator's CPU caches"
+        );
+        pause();
+        a.trim_idle();
+        let s = a.stats();
+        assert_eq!(s.reserved_objects(), 0, "idle for an interval: {s}");
+    }
+
     /// `threads` workers (each hopping between CPUs every `hop` operations, 0: never)
     /// allocate and free at random through one per-CPU allocator, holding up to 64
     /// objects each, with `delay` spins inside every sequence; a trimmer reclaims every

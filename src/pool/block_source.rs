@@ -412,6 +412,7 @@ impl BlockSource {
     /// // SAFETY: from `source`, not used again.
     /// unsafe { source.free(b) };
     /// assert_eq!(source.trim_idle(), 0); // starts the interval
+    /// std::thread::sleep(std::time::Duration::from_millis(5));
     /// assert_eq!(source.trim_idle(), 200_704); // no block taken since
     /// ```
     pub fn trim_idle(&self) -> usize {
@@ -482,6 +483,21 @@ mod tests {
         }
         let before = OS_RELEASES.with(|n| n.get());
         assert_eq!(source.trim(), 4 * (320 << 10));
+        assert_eq!(OS_RELEASES.with(|n| n.get()) - before, 1);
+        // The same through `trim_idle`, over an interval in which nothing was used.
+        let blocks: Vec<_> = BLOCK_CLASSES
+            .iter()
+            .flat_map(|&size| (0..(320 << 10) / size).map(move |_| size))
+            .map(|size| source.alloc(size).expect("memory"))
+            .collect();
+        for b in blocks {
+            // SAFETY: from `source`, unchanged, not used again.
+            unsafe { source.free(b) };
+        }
+        let before = OS_RELEASES.with(|n| n.get());
+        assert_eq!(source.trim_idle(), 0, "the first call starts the interval");
+        std::thread::sleep(crate::core::admin::MIN_IDLE_INTERVAL * 3);
+        assert_eq!(source.trim_idle(), 4 * (320 << 10));
         assert_eq!(OS_RELEASES.with(|n| n.get()) - before, 1);
     }
 }

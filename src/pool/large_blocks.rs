@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
 use super::{BlockAllocator, BlockSourceStats, RawBlock, BLOCK_ALIGN};
+use crate::core::admin::MIN_IDLE_INTERVAL;
 use crate::core::backing::free_user_block;
 use crate::core::budget::ByteBudget;
 use crate::registry::Registered;
@@ -44,8 +45,8 @@ pub(super) struct Large {
     live_bytes: StatCounter,
     /// Bytes of the blocks in the buckets.
     cached_bytes: StatCounter,
-    /// `allocs` at the previous `trim_idle`, `u64::MAX` before the first.
-    allocs_seen_idle: sync::process::AtomicU64,
+    /// `allocs`, and when, at the previous `trim_idle` that counted.
+    idle_seen: sync::process::Mutex<Option<(u64, std::time::Instant)>>,
 }
 
 /// The layout of a large block that was allocated (so its size is known to fit one).
@@ -72,7 +73,7 @@ impl Large {
             system_frees: StatCounter::new(),
             live_bytes: StatCounter::new(),
             cached_bytes: StatCounter::new(),
-            allocs_seen_idle: sync::process::AtomicU64::new(u64::MAX),
+            idle_seen: sync::process::Mutex::new(None),
         });
         #[cfg(not(proxalloc_loom))]
         crate::registry::register(&large);
@@ -197,14 +198,27 @@ impl Large {
         released
     }
 
-    /// Empties the cache if no block was taken since the previous call (the first call
-    /// only starts the interval); returns the bytes released.
+    /// Empties the cache if no block was taken since the previous call that counted
+    /// (the first call only starts the interval, and one sooner than
+    /// [`MIN_IDLE_INTERVAL`] does nothing); returns the bytes released.
     pub(super) fn trim_idle(&self) -> usize {
-        let allocs = self.allocs.get();
-        let seen = self
-            .allocs_seen_idle
-            .swap(allocs, crate::sync::Ordering::Relaxed);
-        if seen == allocs {
+        let idle = {
+            let mut seen = self.idle_seen.lock().unwrap_or_else(|e| e.into_inner());
+            let now = std::time::Instant::now();
+            let allocs = self.allocs.get();
+            match *seen {
+                Some((_, at)) if now.saturating_duration_since(at) < MIN_IDLE_INTERVAL => return 0,
+                Some((before, _)) => {
+                    *seen = Some((allocs, now));
+                    before == allocs
+                }
+                None => {
+                    *seen = Some((allocs, now));
+                    false
+                }
+            }
+        };
+        if idle {
             self.trim()
         } else {
             0
