@@ -30,6 +30,24 @@ pub(crate) const MIN_IDLE_INTERVAL: std::time::Duration = std::time::Duration::f
 #[cfg(proxalloc_loom)]
 pub(crate) const MIN_IDLE_INTERVAL: std::time::Duration = std::time::Duration::ZERO;
 
+/// [`MIN_IDLE_INTERVAL`], or in the crate's tests this thread's override of it (so that
+/// a test of a call too soon depends on no clock: under Miri, or on a loaded machine,
+/// two calls in a row may be milliseconds apart).
+pub(crate) fn min_idle_interval() -> std::time::Duration {
+    #[cfg(all(test, not(proxalloc_loom)))]
+    if let Some(d) = MIN_IDLE_INTERVAL_OVERRIDE.with(std::cell::Cell::get) {
+        return d;
+    }
+    MIN_IDLE_INTERVAL
+}
+
+#[cfg(all(test, not(proxalloc_loom)))]
+std::thread_local! {
+    /// This thread's override of [`MIN_IDLE_INTERVAL`] (see [`min_idle_interval`]).
+    pub(crate) static MIN_IDLE_INTERVAL_OVERRIDE: std::cell::Cell<Option<std::time::Duration>> =
+        const { std::cell::Cell::new(None) };
+}
+
 /// What `trim_idle` found of one allocator's interval.
 pub(crate) enum IdleInterval {
     /// Shorter than [`MIN_IDLE_INTERVAL`]: nothing done.
@@ -136,7 +154,7 @@ impl Engine {
             let now = std::time::Instant::now();
             if list
                 .idle_seen
-                .is_some_and(|seen| now.saturating_duration_since(seen.at) < MIN_IDLE_INTERVAL)
+                .is_some_and(|seen| now.saturating_duration_since(seen.at) < min_idle_interval())
             {
                 return Some(IdleInterval::TooShort);
             }

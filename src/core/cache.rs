@@ -590,10 +590,12 @@ impl Registered for Engine {
 #[cfg(all(test, not(proxalloc_loom)))]
 mod tests {
     use super::Hints;
+    use crate::core::admin::MIN_IDLE_INTERVAL_OVERRIDE;
     use crate::core::table::{self, Lookup};
     use crate::core::thread_cache::Holdings;
     use crate::{ClassAllocator, Config};
     use std::sync::mpsc;
+    use std::time::Duration;
 
     /// Unset hints read as an instance no engine has, and find no cache.
     #[test]
@@ -697,9 +699,13 @@ mod tests {
                 (idle.stash as usize * 8 + from_depot as usize) * 64,
                 "the idle stash, whole, and the depot's cold part"
             );
-            // Back to back: too short an interval to judge, so the busy cache, which made
-            // no operation since the call above, keeps its stash.
-            assert_eq!(a.trim_idle(), 0);
+            // Too soon after the call above (the minimum interval made an hour for this
+            // one call, so that no clock decides): the busy cache, which made no
+            // operation since, keeps its stash.
+            MIN_IDLE_INTERVAL_OVERRIDE.with(|o| o.set(Some(Duration::from_secs(3600))));
+            let too_soon = a.trim_idle();
+            MIN_IDLE_INTERVAL_OVERRIDE.with(|o| o.set(None));
+            assert_eq!(too_soon, 0);
             assert_eq!(report(&busy_steps, &busy_reports), busy);
             // A cache that only allocates, then one that only frees, is busy too.
             for step in [Step::Keep(300), Step::Free] {

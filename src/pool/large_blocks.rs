@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
 use super::{BlockAllocator, BlockSourceStats, RawBlock, BLOCK_ALIGN};
-use crate::core::admin::MIN_IDLE_INTERVAL;
+use crate::core::admin::min_idle_interval;
 use crate::core::backing::free_user_block;
 use crate::core::budget::ByteBudget;
 use crate::registry::Registered;
@@ -200,14 +200,17 @@ impl Large {
 
     /// Empties the cache if no block was taken since the previous call that counted
     /// (the first call only starts the interval, and one sooner than
-    /// [`MIN_IDLE_INTERVAL`] does nothing); returns the bytes released.
+    /// [`MIN_IDLE_INTERVAL`](crate::core::admin::MIN_IDLE_INTERVAL) does nothing);
+    /// returns the bytes released.
     pub(super) fn trim_idle(&self) -> usize {
         let idle = {
             let mut seen = self.idle_seen.lock().unwrap_or_else(|e| e.into_inner());
             let now = std::time::Instant::now();
             let allocs = self.allocs.get();
             match *seen {
-                Some((_, at)) if now.saturating_duration_since(at) < MIN_IDLE_INTERVAL => return 0,
+                Some((_, at)) if now.saturating_duration_since(at) < min_idle_interval() => {
+                    return 0
+                }
                 Some((before, _)) => {
                     *seen = Some((allocs, now));
                     before == allocs
