@@ -673,6 +673,121 @@ mod tests {
         super::possible_cpus() as u64
     }
 
+    /// Moves the calling thread to `cpu` and says whether it runs there now (false where
+    /// the CPU is offline or not allowed to this process).
+    fn try_pin(cpu: usize) -> bool {
+        pin_to(cpu);
+        // SAFETY: no preconditions.
+        usize::try_from(unsafe { libc::sched_getcpu() }) == Ok(cpu)
+    }
+
+    /// A per-CPU allocator of `u64`s with magazines of 8 and a depot for 1024 of them, or
+    /// `None` where per-CPU caches are unavailable (a failure where CI requires them).
+    fn per_cpu_allocator(name: &'static str) -> Option<ClassAllocator<u64>> {
+        let a = ClassAllocator::<u64>::with_config(
+            name,
+            Config::new()
+                .mode(CacheMode::PerCpu)
+                .magazine_size(8)
+                .depot_bytes(1024 * crate::core::magazine::cached_bytes(8)),
+        );
+        if std::env::var_os("PROXALLOC_TEST_REQUIRE_PERCPU").is_some_and(|v| !v.is_empty()) {
+            assert_eq!(a.mode(), CacheMode::PerCpu, "the allocator fell back");
+            assert!(
+                !rseq::thread_area().is_null(),
+                "this thread has no rseq area"
+            );
+        }
+        if a.mode() != CacheMode::PerCpu || rseq::thread_area().is_null() {
+            eprintln!("per-CPU caches unavailable here: nothing to test");
+            return None;
+        }
+        Some(a)
+    }
+
+    /// Every CPU this thread may run on has a cache: an object freed on any of them stays
+    /// cached, none goes back to the backing allocator.
+    #[test]
+    fn every_allowed_cpu_has_a_cache() {
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(a) = per_cpu_allocator("percpu-every-cpu") else {
+            return;
+        };
+        // The CPUs this thread may run on, as the kernel says (not as `possible_cpus`
+        // counts them), highest first: the last one is what an off-by-one array misses.
+        // SAFETY: an all-zero `cpu_set_t` is an empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: this thread, and the size of the set it fills.
+        let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+        assert_eq!(r, 0, "sched_getaffinity failed");
+        let allowed = (0..libc::CPU_SETSIZE as usize)
+            .rev()
+            // SAFETY: `c` is below the set's size.
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) });
+        let mut tried = 0;
+        for cpu in allowed {
+            if !try_pin(cpu) {
+                continue;
+            }
+            tried += 1;
+            let before = a.stats();
+            drop(a.alloc(cpu as u64));
+            let s = a.stats();
+            assert_eq!(s.backing_frees, before.backing_frees, "CPU {cpu}: {s}");
+            assert_eq!(
+                s.cached_in_threads,
+                before.cached_in_threads + 1,
+                "CPU {cpu}: {s}"
+            );
+        }
+        unpin();
+        assert!(tried > 0, "could not run on any CPU");
+        assert_eq!(a.trim(), tried * 8);
+    }
+
+    /// On one CPU, frees beyond its two magazines go to the depot as full magazines
+    /// (spills; none to the backing allocator), and allocations take them back
+    /// (refills), each counted.
+    #[test]
+    fn a_cpus_full_magazines_spill_to_the_depot_and_refill_from_it() {
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(a) = per_cpu_allocator("percpu-spill-refill") else {
+            return;
+        };
+        // SAFETY: no preconditions.
+        let here = unsafe { libc::sched_getcpu() };
+        assert!(
+            try_pin(usize::try_from(here).expect("a CPU number")),
+            "could not stay on CPU {here}"
+        );
+        let held: Vec<_> = (0..64).map(|i| a.alloc(i)).collect();
+        let first = a.stats();
+        assert_eq!(first.backing_allocs, 64, "{first}");
+        drop(held);
+        let s = a.stats();
+        assert_eq!(
+            s.backing_frees, 0,
+            "a free went past the CPU's magazines: {s}"
+        );
+        assert_eq!(s.cached_in_threads + s.cached_in_depot, 64, "{s}");
+        assert!(
+            s.cached_in_threads <= 16,
+            "at most two magazines a CPU: {s}"
+        );
+        assert_eq!(s.cached_in_depot % 8, 0, "full magazines only: {s}");
+        assert_eq!(s.spills, s.cached_in_depot / 8, "{s}");
+        let again: Vec<_> = (0..64).map(|i| a.alloc(i)).collect();
+        let t = a.stats();
+        unpin();
+        assert_eq!(t.backing_allocs, 64, "every object came from a cache: {t}");
+        assert_eq!(t.cached_in_threads + t.cached_in_depot, 0, "{t}");
+        assert_eq!(
+            t.refills, s.spills,
+            "each spilled magazine refilled once: {t}"
+        );
+        drop(again);
+    }
+
     #[test]
     fn many_threads_on_few_cpus_lose_nothing() {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
