@@ -297,6 +297,45 @@ fn local_cache_rejects_foreign_objects() {
     a.with_local(|c| c.free(x));
 }
 
+/// As `panicking_constructor_and_destructor_leave_counts_right`, through a `LocalCache`:
+/// the object of a constructor or destructor that panics goes back to the cache.
+#[test]
+fn local_cache_recycles_the_objects_of_panicking_constructors_and_destructors() {
+    struct Bomb(bool);
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            if self.0 {
+                panic!("boom in drop");
+            }
+        }
+    }
+    // Uncapped: a capped allocator's `LocalCache` takes the allocator's own paths.
+    let a = ClassAllocator::<Bomb>::new("local-bombs");
+    a.with_local(|c| {
+        let keep = c.alloc(Bomb(false));
+        let r = catch_unwind(AssertUnwindSafe(|| c.alloc_with(|| panic!("boom in new"))));
+        assert!(r.is_err());
+        let s = a.stats();
+        assert_eq!(
+            s.live, 1,
+            "the object of a failed constructor is recycled: {s}"
+        );
+        assert_conserved(&s);
+
+        let armed = c.alloc(Bomb(true));
+        let r = catch_unwind(AssertUnwindSafe(|| c.free(armed)));
+        assert!(r.is_err());
+        let s = a.stats();
+        assert_eq!(
+            s.live, 1,
+            "the object of a panicking destructor is recycled: {s}"
+        );
+        assert_conserved(&s);
+        c.free(keep);
+    });
+    assert_all_returned(&a);
+}
+
 #[test]
 fn release_thread_cache_inside_with_local_only_flushes() {
     let a = ClassAllocator::<u64>::new("pinned");
