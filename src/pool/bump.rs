@@ -509,4 +509,60 @@ mod tests {
         // SAFETY: `a` is 7000 bytes, not the most recent allocation.
         assert_ne!(unsafe { pool.grow(a, 7000, 7100, 8) }.unwrap(), a);
     }
+
+    #[test]
+    fn the_probe_takes_the_retained_block_with_the_most_room_even_at_an_exact_fit() {
+        let src = BlockSource::new(1 << 20);
+        let pool = Pool::with_source(&src);
+        let bytes = |n| Layout::from_size_align(n, 8).unwrap();
+        // Block A (8 KiB): 1128 bytes left after `a`.
+        let a = pool.alloc_layout(bytes(7000));
+        // Block B (16 KiB): 320 bytes left.
+        let _ = pool.alloc_layout(bytes(9000));
+        let _ = pool.alloc_layout(bytes(7000));
+        // Block C (32 KiB), filled to the last byte: A and B are retained.
+        let _ = pool.alloc_layout(bytes(20_000));
+        let _ = pool.alloc_layout(bytes((32 << 10) - HEADER - 20_000));
+        assert_eq!(pool.stats().blocks, 3);
+        // Exactly A's room: the probe must pick A (not B, with less room), and take it
+        // though nothing would be left over.
+        let room_a = (8 << 10) - HEADER - 7000;
+        let b = pool.alloc_layout(bytes(room_a));
+        assert_eq!(
+            b.as_ptr().addr(),
+            a.as_ptr().addr() + 7000,
+            "not in block A"
+        );
+        assert_eq!(pool.stats().blocks, 3, "a new block for a request that fit");
+    }
+
+    #[test]
+    fn each_new_block_is_twice_the_last_one() {
+        let src = BlockSource::new(1 << 20);
+        let pool = Pool::with_source(&src);
+        let retained: Vec<usize> = (0..8)
+            .map(|_| {
+                let _ = pool.alloc_layout(Layout::from_size_align(7000, 8).unwrap());
+                pool.stats().retained_bytes >> 10
+            })
+            .collect();
+        // Blocks of 8, 16 (two requests), 32 (four) and 64 KiB, in KiB held so far.
+        assert_eq!(retained, [8, 24, 24, 56, 56, 56, 56, 120]);
+    }
+
+    #[test]
+    fn a_request_of_exactly_a_largest_blocks_room_takes_a_block_that_clear_keeps() {
+        let src = BlockSource::new(1 << 20);
+        let mut pool = Pool::with_source(&src);
+        let p = pool.alloc_layout(Layout::from_size_align(DEDICATED, 8).unwrap());
+        let s = pool.stats();
+        assert_eq!((s.blocks, s.retained_bytes), (1, LARGEST), "{s:?}");
+        assert_eq!(src.source_stats().large_live_blocks, 0, "a dedicated block");
+        pool.clear();
+        let s = pool.stats();
+        assert_eq!((s.blocks, s.retained_bytes), (1, LARGEST), "{s:?}");
+        // The kept block serves the next request from its start.
+        let q = pool.alloc_layout(Layout::from_size_align(8, 8).unwrap());
+        assert_eq!(q, p);
+    }
 }
