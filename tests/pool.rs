@@ -394,6 +394,25 @@ fn debug_pools_give_each_allocation_its_own_block() {
     assert_eq!(pool.stats().used_bytes, 0);
 }
 
+/// A debug pool's subpools and scopes are debug pools too: their allocations are heap
+/// blocks of their own, none from the source.
+#[test]
+fn subpools_of_a_debug_pool_are_debug_pools() {
+    let pool = Pool::new_debug();
+    let sub = pool.subpool();
+    let _ = sub.alloc(1u64);
+    assert_eq!(
+        sub.stats().blocks,
+        0,
+        "a subpool took a block from the source"
+    );
+    let blocks = pool.scope(|p| {
+        let _ = p.alloc(2u64);
+        p.stats().blocks
+    });
+    assert_eq!(blocks, 0, "a scope took a block from the source");
+}
+
 /// allocator-api2 0.4's collections take `&Pool` too (feature `allocator-api2-04`), next
 /// to 0.2's in the same pool: growth in place while last, a copy otherwise, the memory
 /// back on drop.
