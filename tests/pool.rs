@@ -122,6 +122,36 @@ fn large_requests_get_their_own_block_returned_on_clear() {
     assert_eq!(reserved_blocks(&src), 0);
 }
 
+/// A cached large block serves a request of at least half its size (APR trunk's rule),
+/// never a smaller one: a small pool does not pin a big block.
+#[test]
+fn a_cached_large_block_serves_only_requests_of_at_least_half_its_size() {
+    let src = BlockSource::new(1 << 20);
+    let big = src.alloc_dedicated(400 << 10).unwrap();
+    // SAFETY: from `src`, not used again.
+    unsafe { src.free(big) };
+    let small = src.alloc_dedicated(196 << 10).unwrap();
+    assert_ne!(small.ptr, big.ptr, "a 400 KiB block for a 196 KiB request");
+    assert_eq!(small.size, 196 << 10);
+    let half = src.alloc_dedicated(200 << 10).unwrap();
+    assert_eq!(
+        (half.ptr, half.size),
+        (big.ptr, big.size),
+        "exactly half: reused"
+    );
+    let s = src.source_stats();
+    assert_eq!(
+        (s.large_live_blocks, s.large_cached_blocks),
+        (2, 0),
+        "{s:?}"
+    );
+    for b in [small, half] {
+        // SAFETY: from `src`, not used again.
+        unsafe { src.free(b) };
+    }
+    assert_eq!(src.trim(), 596 << 10);
+}
+
 #[test]
 #[cfg_attr(miri, ignore = "Miri's allocator grants any size")]
 fn try_alloc_layout_reports_failure() {
