@@ -152,6 +152,28 @@ fn a_cached_large_block_serves_only_requests_of_at_least_half_its_size() {
     assert_eq!(src.trim(), 596 << 10);
 }
 
+/// `release_thread_cache` hands this thread's cached blocks of every class to the
+/// depots, the largest class's too.
+#[test]
+fn release_thread_cache_empties_every_block_classs_thread_cache() {
+    let src = BlockSource::new(1 << 20);
+    let blocks: Vec<_> = BLOCK_CLASSES
+        .iter()
+        .map(|&size| src.alloc(size).unwrap())
+        .collect();
+    for b in blocks {
+        // SAFETY: from `src`, not used again.
+        unsafe { src.free(b) };
+    }
+    let cached = |s: &proxalloc::Stats| (s.cached_in_threads, s.cached_in_depot);
+    assert!(src.stats()[..4].iter().all(|s| cached(s) == (1, 0)));
+    src.release_thread_cache();
+    for s in &src.stats()[..4] {
+        assert_eq!(cached(s), (0, 1), "{s}");
+    }
+    assert_eq!(src.cached_bytes(), BLOCK_CLASSES.iter().sum::<usize>());
+}
+
 #[test]
 #[cfg_attr(miri, ignore = "Miri's allocator grants any size")]
 fn try_alloc_layout_reports_failure() {
