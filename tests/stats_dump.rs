@@ -110,6 +110,27 @@ fn dump_since_shows_the_change() {
     drop(held);
 }
 
+/// A baseline row belongs to one allocator (its id), not to every allocator of its name:
+/// an allocator created after the snapshot, named like one in it, shows all its counts.
+#[test]
+fn table_since_matches_rows_by_allocator_not_by_name() {
+    let old = ClassAllocator::<u64>::new("since-twin");
+    let held: Vec<_> = (0..3).map(|i| old.alloc(i)).collect();
+    let base = stats::snapshot();
+    let new = ClassAllocator::<u64>::new("since-twin");
+    let more: Vec<_> = (0..2).map(|i| new.alloc(i)).collect();
+    let table = stats::table_since(&base);
+    let mut allocs: Vec<i64> = table
+        .rows
+        .iter()
+        .filter(|r| r.name == "since-twin")
+        .map(|r| r.allocs)
+        .collect();
+    allocs.sort_unstable();
+    assert_eq!(allocs, [0, 2], "{table:?}");
+    drop((held, more));
+}
+
 #[test]
 fn trim_all_returns_every_cached_byte_when_nothing_is_live() {
     let _trim_all = no_trim_all();
