@@ -293,6 +293,23 @@ mod metrics_facade {
         drop(x);
     }
 
+    /// The pool-source metrics add up every source, as the per-allocator ones add up
+    /// the allocators of one name.
+    #[test]
+    fn pool_source_metrics_add_up_every_source() {
+        let _sources = SOURCES.lock().unwrap_or_else(|e| e.into_inner());
+        let one = BlockSource::new(1 << 20);
+        let two = BlockSource::new(3 << 20);
+        let all = stats::block_sources();
+        assert!(all.contains(&one.source_stats()) && all.contains(&two.source_stats()));
+        let capture = Capture::default();
+        metrics::with_local_recorder(&capture, stats::record_metrics);
+        let values = capture.values.lock().unwrap();
+        assert_eq!(values["proxalloc_pool_sources{}"], all.len() as f64);
+        let max_free: usize = all.iter().map(|s| s.max_free).sum();
+        assert_eq!(values["proxalloc_pool_max_free_bytes{}"], max_free as f64);
+    }
+
     #[test]
     fn pools_appear_through_their_block_sources() {
         let _sources = SOURCES.lock().unwrap_or_else(|e| e.into_inner());
