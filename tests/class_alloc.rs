@@ -173,19 +173,26 @@ fn try_alloc_reports_failure_and_the_allocator_stays_usable() {
     assert_eq!(*small.try_alloc(5).unwrap(), 5);
 }
 
-#[test]
-fn panicking_constructor_and_destructor_leave_counts_right() {
-    struct Bomb(bool);
-    impl Drop for Bomb {
-        fn drop(&mut self) {
-            if self.0 {
-                panic!("boom in drop");
-            }
+/// A value whose destructor panics when it holds `true`.
+struct Bomb(bool);
+
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        if self.0 {
+            panic!("boom in drop");
         }
     }
-    let a = ClassAllocator::<Bomb>::new("bombs");
-    let keep = a.alloc(Bomb(false));
-    let r = catch_unwind(AssertUnwindSafe(|| a.alloc_with(|| panic!("boom in new"))));
+}
+
+/// A constructor that panics, then a destructor that panics, through `alloc_with` and
+/// `free` (with one other object of `a` live): each object goes back to the cache, and
+/// the counts stay exact.
+fn panics_recycle_their_objects<'a>(
+    a: &'a ClassAllocator<Bomb>,
+    alloc_with: impl Fn(&dyn Fn() -> Bomb) -> ClassBox<'a, Bomb>,
+    free: impl Fn(ClassBox<'a, Bomb>),
+) {
+    let r = catch_unwind(AssertUnwindSafe(|| alloc_with(&|| panic!("boom in new"))));
     assert!(r.is_err());
     let s = a.stats();
     assert_eq!(
@@ -194,8 +201,8 @@ fn panicking_constructor_and_destructor_leave_counts_right() {
     );
     assert_conserved(&s);
 
-    let armed = a.alloc(Bomb(true));
-    let r = catch_unwind(AssertUnwindSafe(|| drop(armed)));
+    let armed = alloc_with(&|| Bomb(true));
+    let r = catch_unwind(AssertUnwindSafe(|| free(armed)));
     assert!(r.is_err());
     let s = a.stats();
     assert_eq!(
@@ -203,7 +210,13 @@ fn panicking_constructor_and_destructor_leave_counts_right() {
         "the object of a panicking destructor is recycled: {s}"
     );
     assert_conserved(&s);
+}
 
+#[test]
+fn panicking_constructor_and_destructor_leave_counts_right() {
+    let a = ClassAllocator::<Bomb>::new("bombs");
+    let keep = a.alloc(Bomb(false));
+    panics_recycle_their_objects(&a, |f| a.alloc_with(f), drop);
     let again: Vec<_> = (0..100).map(|_| a.alloc(Bomb(false))).collect();
     assert_eq!(a.stats().live, 101);
     drop(again);
@@ -301,36 +314,11 @@ fn local_cache_rejects_foreign_objects() {
 /// the object of a constructor or destructor that panics goes back to the cache.
 #[test]
 fn local_cache_recycles_the_objects_of_panicking_constructors_and_destructors() {
-    struct Bomb(bool);
-    impl Drop for Bomb {
-        fn drop(&mut self) {
-            if self.0 {
-                panic!("boom in drop");
-            }
-        }
-    }
     // Uncapped: a capped allocator's `LocalCache` takes the allocator's own paths.
     let a = ClassAllocator::<Bomb>::new("local-bombs");
     a.with_local(|c| {
         let keep = c.alloc(Bomb(false));
-        let r = catch_unwind(AssertUnwindSafe(|| c.alloc_with(|| panic!("boom in new"))));
-        assert!(r.is_err());
-        let s = a.stats();
-        assert_eq!(
-            s.live, 1,
-            "the object of a failed constructor is recycled: {s}"
-        );
-        assert_conserved(&s);
-
-        let armed = c.alloc(Bomb(true));
-        let r = catch_unwind(AssertUnwindSafe(|| c.free(armed)));
-        assert!(r.is_err());
-        let s = a.stats();
-        assert_eq!(
-            s.live, 1,
-            "the object of a panicking destructor is recycled: {s}"
-        );
-        assert_conserved(&s);
+        panics_recycle_their_objects(&a, |f| c.alloc_with(f), |x| c.free(x));
         c.free(keep);
     });
     assert_all_returned(&a);

@@ -471,29 +471,24 @@ mod tests {
     #[test]
     fn a_source_trim_asks_the_os_once_for_what_its_classes_release_together() {
         let source = BlockSource::new(4 << 20);
-        // 320 KiB in each class.
-        let blocks: Vec<_> = BLOCK_CLASSES
-            .iter()
-            .flat_map(|&size| (0..(320 << 10) / size).map(move |_| size))
-            .map(|size| source.alloc(size).expect("memory"))
-            .collect();
-        for b in blocks {
-            // SAFETY: from `source`, unchanged, not used again.
-            unsafe { source.free(b) };
-        }
+        // 320 KiB in each class, taken and given back.
+        let cache_blocks = || {
+            let blocks: Vec<_> = BLOCK_CLASSES
+                .iter()
+                .flat_map(|&size| (0..(320 << 10) / size).map(move |_| size))
+                .map(|size| source.alloc(size).expect("memory"))
+                .collect();
+            for b in blocks {
+                // SAFETY: from `source`, unchanged, not used again.
+                unsafe { source.free(b) };
+            }
+        };
+        cache_blocks();
         let before = OS_RELEASES.with(|n| n.get());
         assert_eq!(source.trim(), 4 * (320 << 10));
         assert_eq!(OS_RELEASES.with(|n| n.get()) - before, 1);
         // The same through `trim_idle`, over an interval in which nothing was used.
-        let blocks: Vec<_> = BLOCK_CLASSES
-            .iter()
-            .flat_map(|&size| (0..(320 << 10) / size).map(move |_| size))
-            .map(|size| source.alloc(size).expect("memory"))
-            .collect();
-        for b in blocks {
-            // SAFETY: from `source`, unchanged, not used again.
-            unsafe { source.free(b) };
-        }
+        cache_blocks();
         let before = OS_RELEASES.with(|n| n.get());
         assert_eq!(source.trim_idle(), 0, "the first call starts the interval");
         std::thread::sleep(crate::core::admin::MIN_IDLE_INTERVAL * 3);

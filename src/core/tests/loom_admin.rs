@@ -4,7 +4,7 @@
 use loom::sync::Arc;
 use loom::thread;
 
-use super::{allocator, churn, granted, wait_for_exits, Admin};
+use super::{allocator, churn, finish, granted, spawn_with, wait_for_exits, Admin};
 
 /// `trim_all` holds the depot's chain (detached, being released) while the allocator is
 /// dropped on another thread: each object is released exactly once.
@@ -44,10 +44,7 @@ fn stats_race_a_thread_that_exits() {
         assert_eq!((s.allocs, s.frees, s.live), (2, 2, 0), "{s}");
         assert!(s.is_consistent(), "{s}");
         drop(admin);
-        let Ok(a) = Arc::try_unwrap(a) else {
-            panic!("a thread kept the allocator")
-        };
-        drop(a);
+        finish(a);
     });
 }
 
@@ -78,14 +75,11 @@ fn trim_idle_takes_a_stash_and_the_cold_depot_while_the_owner_uses_them() {
     loom::model(|| {
         let a = Arc::new(allocator(1, 8));
         let admin = Admin::of(&a);
-        let worker = {
-            let a = Arc::clone(&a);
-            thread::spawn(move || {
-                churn(&a, 3);
-                churn(&a, 3);
-                a.release_thread_cache();
-            })
-        };
+        let worker = spawn_with(&a, |a| {
+            churn(a, 3);
+            churn(a, 3);
+            a.release_thread_cache();
+        });
         admin.trim_idle();
         admin.trim_idle();
         worker.join().unwrap();
@@ -99,10 +93,7 @@ fn trim_idle_takes_a_stash_and_the_cold_depot_while_the_owner_uses_them() {
         let s = a.stats();
         assert_eq!(s.reserved_objects(), 0, "{s}");
         drop(admin);
-        let Ok(a) = Arc::try_unwrap(a) else {
-            panic!("a thread kept the allocator")
-        };
-        drop(a);
+        finish(a);
     });
 }
 
@@ -130,9 +121,6 @@ fn trim_all_takes_a_stash_while_its_owner_uses_it() {
         assert_eq!((s.live, s.cached_in_threads), (0, 0), "{s}");
         assert_eq!(granted(), 0, "a grant was kept");
         drop(admin);
-        let Ok(a) = Arc::try_unwrap(a) else {
-            panic!("a thread kept the allocator")
-        };
-        drop(a);
+        finish(a);
     });
 }
