@@ -407,20 +407,8 @@ impl Depot {
                 (next != NIL).then(|| unsafe { self.table.get(next) })
             }
         };
-        let mut released = 0;
-        if let Some(cold_first) = cold_first {
-            let mut last = cold_first;
-            for_each_in_chain(&self.table, cold_first, |mag| {
-                // SAFETY: the cold part of the detached chain is owned here.
-                let n = unsafe { mag.len() };
-                self.uncharge(n);
-                // SAFETY: owned here.
-                unsafe { self.release_objects(mag) };
-                released += n;
-                last = mag;
-            });
-            self.line.empty.push_chain(cold_first, last);
-        }
+        // SAFETY: the cold part of the detached chain is owned here.
+        let released = cold_first.map_or(0, |first| unsafe { self.release_chain(first) });
         self.low_water
             .store(self.cached_objects() as u64, Ordering::Relaxed);
         released
@@ -572,25 +560,39 @@ impl Depot {
         }
     }
 
+    /// Gives the objects of a chain of full magazines taken off the full stack back to
+    /// the backing allocator, and the magazines to the empty stack. Returns the number
+    /// of objects released.
+    ///
+    /// # Safety
+    /// The caller owns the chain from `first` (detached from the full stack, its
+    /// objects still charged to the budget), and gives it up.
+    unsafe fn release_chain(&self, first: &Magazine) -> usize {
+        let mut released = 0;
+        let mut last = first;
+        for_each_in_chain(&self.table, first, |mag| {
+            // SAFETY: owned here, per the contract.
+            let n = unsafe { mag.len() };
+            self.uncharge(n);
+            // SAFETY: as above.
+            unsafe { self.release_objects(mag) };
+            released += n;
+            last = mag;
+        });
+        self.line.empty.push_chain(first, last);
+        released
+    }
+
     /// Gives every cached object back to the backing allocator, and frees the slot
     /// storage of every idle empty magazine. Returns the number of objects released.
     /// Magazines that threads push meanwhile stay cached.
     pub fn trim(&self) -> usize {
         self.low_water.store(0, Ordering::Relaxed);
-        let mut released = 0;
-        if let Some(first) = self.line.full.take_all(&self.table) {
-            let mut last = first;
-            for_each_in_chain(&self.table, first, |mag| {
-                // SAFETY: the detached chain is owned here.
-                let n = unsafe { mag.len() };
-                self.uncharge(n);
-                // SAFETY: owned here.
-                unsafe { self.release_objects(mag) };
-                released += n;
-                last = mag;
-            });
-            self.line.empty.push_chain(first, last);
-        }
+        let released = match self.line.full.take_all(&self.table) {
+            // SAFETY: the detached chain is owned here.
+            Some(first) => unsafe { self.release_chain(first) },
+            None => 0,
+        };
         if let Some(first) = self.line.empty.take_all(&self.table) {
             let mut last = first;
             for_each_in_chain(&self.table, first, |mag| {
