@@ -195,8 +195,9 @@ pub(crate) fn trim_idle() -> usize {
 }
 
 /// Trims (with `trim`) every entry that `walk` passes to its callback, then asks the OS
-/// once for what they released together; returns the bytes released.
-fn trim_each(
+/// once for what they released together; returns the bytes released. (`trim_all`,
+/// `trim_idle`, and a block source's own trims over its classes and large blocks.)
+pub(crate) fn trim_each(
     walk: impl FnOnce(&mut dyn FnMut(&dyn Registered)),
     trim: impl Fn(&dyn Registered) -> usize,
 ) -> usize {

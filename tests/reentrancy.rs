@@ -486,3 +486,64 @@ fn with_local_inside_destructors_run_by_trim_all_and_hooks_reentering() {
     assert!(WL_R.try_get().is_err());
     drop(v);
 }
+
+static TI_ARMED: AtomicBool = AtomicBool::new(false);
+static TI_CREATED: AtomicUsize = AtomicUsize::new(0);
+static TI_DROPPED: AtomicUsize = AtomicUsize::new(0);
+static TI_NESTED: AtomicUsize = AtomicUsize::new(0);
+// Small magazines and no stash: freed values go to the depot, whose cold part
+// `trim_idle` releases (running these destructors).
+static TI: RecyclingAllocator<Ti> = RecyclingAllocator::with_config(
+    "adv-trim-idle",
+    Config::new().magazine_size(2).thread_cache_growth_bytes(0),
+);
+struct Ti(#[allow(dead_code)] [u64; 4]);
+impl Recycle for Ti {
+    fn create() -> Self {
+        TI_CREATED.fetch_add(1, SeqCst);
+        Ti([0; 4])
+    }
+    fn recycle(&mut self) -> bool {
+        true
+    }
+}
+impl Drop for Ti {
+    fn drop(&mut self) {
+        TI_DROPPED.fetch_add(1, SeqCst);
+        // Once per destructor that `trim_idle` runs: allocate from the allocator being
+        // trimmed (the warm part is back in the depot by now), trim it again from inside,
+        // read its stats.
+        if TI_ARMED.swap(false, SeqCst) {
+            TI_NESTED.fetch_add(1, SeqCst);
+            let v: Vec<_> = (0..4).map(|_| TI.get()).collect();
+            drop(v);
+            TI.trim_idle();
+            assert!(TI.stats().is_consistent());
+            TI_ARMED.store(true, SeqCst);
+        }
+    }
+}
+
+/// The destructors that `trim_idle` runs as it releases the depot's cold part allocate
+/// from the same allocator and call `trim_idle` again: nothing is lost or dropped twice.
+#[test]
+fn destructors_run_by_trim_idle_allocate_and_trim_again() {
+    let _s = serial();
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(3));
+    drop((0..40).map(|_| TI.get()).collect::<Vec<_>>());
+    assert_eq!(TI.trim_idle(), 0, "the first call starts the interval");
+    pause();
+    // Busy: some values taken from the depot and given back; the rest stays cold.
+    drop((0..6).map(|_| TI.get()).collect::<Vec<_>>());
+    TI_ARMED.store(true, SeqCst);
+    assert!(TI.trim_idle() > 0, "the cold part");
+    assert!(TI_NESTED.load(SeqCst) > 0, "no destructor re-entered");
+    pause();
+    TI.trim_idle();
+    TI_ARMED.store(false, SeqCst);
+    while TI.trim() > 0 {}
+    let s = TI.stats();
+    assert!(s.is_consistent(), "{s}");
+    assert_eq!((s.live, s.reserved_objects()), (0, 0), "{s}");
+    assert_eq!(TI_CREATED.load(SeqCst), TI_DROPPED.load(SeqCst));
+}

@@ -395,7 +395,7 @@ impl<T> ClassAllocator<T> {
     /// assert_eq!(PAGES.stats().reserved_bytes(), 0); // ...until trimmed
     /// ```
     pub fn trim(&self) -> usize {
-        let released = self.trim_objects();
+        let released = cache::trim(self.engine()) * std::mem::size_of::<T>();
         crate::core::backing::release_to_os(released);
         released
     }
@@ -427,21 +427,9 @@ impl<T> ClassAllocator<T> {
     /// assert_eq!(MSGS.stats().reserved_bytes(), 0);
     /// ```
     pub fn trim_idle(&self) -> usize {
-        let released = self.trim_idle_objects();
+        let released = cache::trim_idle(self.engine()) * std::mem::size_of::<T>();
         crate::core::backing::release_to_os(released);
         released
-    }
-
-    /// [`trim_idle`](Self::trim_idle) without asking the OS for memory back (see
-    /// [`trim_objects`](Self::trim_objects)).
-    pub(crate) fn trim_idle_objects(&self) -> usize {
-        cache::trim_idle(self.engine()) * std::mem::size_of::<T>()
-    }
-
-    /// [`trim`](Self::trim) without asking the OS for memory back, for callers that
-    /// trim several allocators and ask once (a block source); returns the bytes released.
-    pub(crate) fn trim_objects(&self) -> usize {
-        cache::trim(self.engine()) * std::mem::size_of::<T>()
     }
 
     /// Hands this thread's cached objects to the depot and forgets this thread's cache

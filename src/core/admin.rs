@@ -15,7 +15,7 @@
 //! late owner still finds valid magazines, and whatever reaches the depot after
 //! shutdown is released when the engine drops.
 
-use super::engine::{Engine, Evictions, IdleSeen, Listed};
+use super::engine::{Engine, Evictions, Listed};
 use super::ids;
 use super::thread_cache::{self, Counts, Owner, ThreadCache};
 use crate::stats::Stats;
@@ -151,11 +151,7 @@ impl Engine {
             if !self.is_alive() {
                 return None;
             }
-            let now = std::time::Instant::now();
-            if list
-                .idle_seen
-                .is_some_and(|seen| now.saturating_duration_since(seen.at) < min_idle_interval())
-            {
+            if list.idle_watch.too_soon() {
                 return Some(IdleInterval::TooShort);
             }
             let mut total = Counts::default();
@@ -187,9 +183,7 @@ impl Engine {
             if let Some(pc) = &self.percpu {
                 pc.read_counts(&mut total);
             }
-            let ops = total.allocs.wrapping_add(total.frees);
-            engine_idle = list.idle_seen.is_some_and(|seen| seen.ops == ops);
-            list.idle_seen = Some(IdleSeen { ops, at: now });
+            engine_idle = list.idle_watch.end(total.allocs.wrapping_add(total.frees));
         }
         if asked {
             thread_cache::announce_flush_requests();
@@ -206,12 +200,6 @@ impl Engine {
     /// for everything its call released (see [`release_to_os`](super::backing::release_to_os)).
     pub(crate) fn trim_depot(&self, released: usize) -> usize {
         released + self.depot.trim()
-    }
-
-    /// The depot's part of `trim_idle` for an allocator in use: the objects no thread
-    /// took from it since the previous call (see [`Depot::trim_cold`](super::depot::Depot::trim_cold)).
-    pub(crate) fn trim_cold_depot(&self) -> usize {
-        self.depot.trim_cold()
     }
 
     /// The allocator is being dropped (the caller has retired this thread's cache): the

@@ -555,7 +555,7 @@ pub(crate) fn trim_idle(e: &Engine) -> usize {
     if engine_idle {
         e.trim_depot(released)
     } else {
-        released + e.trim_cold_depot()
+        released + e.depot.trim_cold()
     }
 }
 

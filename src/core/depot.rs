@@ -356,16 +356,22 @@ impl Depot {
         // SAFETY: popped, so owned here.
         let n = unsafe { mag.len() };
         self.uncharge(n);
-        self.note_low_water(self.cached_objects());
+        self.note_low_water();
         Some(mag)
     }
 
-    /// Lowers the low-water mark to `now` objects if it is lower.
-    fn note_low_water(&self, now: usize) {
-        // Two relaxed accesses, not a `fetch_min`: the store is rare (only a new minimum
-        // of the interval), and the load is of a line no exchange writes otherwise.
-        let now = now as u64;
-        if now < self.low_water.load(Ordering::Relaxed) {
+    /// Lowers the low-water mark to the objects on the full stack now, if that is lower.
+    fn note_low_water(&self) {
+        // Relaxed loads and a rare store, not a `fetch_min`: the store comes only at a
+        // new minimum of the interval, and the mark's line is one no exchange writes
+        // otherwise. A mark at 0 (where it stays unless `trim_idle` is used) can go no
+        // lower, so the stack's count is not even read.
+        let low = self.low_water.load(Ordering::Relaxed);
+        if low == 0 {
+            return;
+        }
+        let now = self.cached_objects() as u64;
+        if now < low {
             self.low_water.store(now, Ordering::Relaxed);
         }
     }

@@ -28,8 +28,8 @@ use crate::sync::{self, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
 #[derive(Debug)]
 pub(super) struct CacheList {
     pub(super) caches: Vec<Listed>,
-    /// What the previous `trim_idle` that counted saw of the whole engine.
-    pub(super) idle_seen: Option<IdleSeen>,
+    /// The whole engine's `trim_idle` interval.
+    pub(super) idle_watch: IdleWatch,
 }
 
 /// A registered thread cache, and what `trim_idle` saw of it.
@@ -55,13 +55,27 @@ impl Listed {
     }
 }
 
-/// The engine at the previous `trim_idle` that counted.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct IdleSeen {
-    /// Its operations, all caches (and retired ones, and CPU caches) together.
-    pub(super) ops: u64,
-    /// When.
-    pub(super) at: std::time::Instant,
+/// One `trim_idle` interval of something that counts its operations (an engine, all
+/// its caches together; a block source's large blocks): its count and when, at the
+/// previous call that counted.
+#[derive(Debug, Default)]
+pub(crate) struct IdleWatch(Option<(u64, std::time::Instant)>);
+
+impl IdleWatch {
+    /// Whether a call now would come sooner than the minimum interval after the previous
+    /// one that counted (see [`MIN_IDLE_INTERVAL`](super::admin::MIN_IDLE_INTERVAL)).
+    pub(crate) fn too_soon(&self) -> bool {
+        self.0
+            .is_some_and(|(_, at)| at.elapsed() < super::admin::min_idle_interval())
+    }
+
+    /// Ends the interval at `ops` operations and starts the next: whether none happened
+    /// in it (false for the first).
+    pub(crate) fn end(&mut self, ops: u64) -> bool {
+        let idle = self.0.is_some_and(|(before, _)| before == ops);
+        self.0 = Some((ops, std::time::Instant::now()));
+        idle
+    }
 }
 
 // SAFETY: the pointers are caches owned by their threads' tables, read (counters only)
@@ -196,7 +210,7 @@ impl Engine {
             alive: AtomicBool::new(true),
             cache_list: Mutex::new(CacheList {
                 caches: Vec::new(),
-                idle_seen: None,
+                idle_watch: IdleWatch::default(),
             }),
             retired: Counters::new(),
             magazine_bytes: capacity * magazine::cached_bytes(layout.size()),

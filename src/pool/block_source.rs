@@ -29,6 +29,7 @@ use crate::class::ClassAllocator;
 use crate::config::Config;
 use crate::core::backing::{BlockAllocator, MemoryOwner, ObjectHooks};
 use crate::core::budget::ByteBudget;
+use crate::registry::{self, Registered};
 use crate::stats::Stats;
 use crate::sync::Arc;
 
@@ -393,13 +394,7 @@ impl BlockSource {
     /// assert_eq!(source.trim(), 8 << 10); // from this thread's cache
     /// ```
     pub fn trim(&self) -> usize {
-        let released = self.c8.trim_objects()
-            + self.c16.trim_objects()
-            + self.c32.trim_objects()
-            + self.c64.trim_objects()
-            + self.large.trim();
-        crate::core::backing::release_to_os(released);
-        released
+        self.trim_parts(|part| part.trim())
     }
 
     /// Gives back the blocks that went unused since the previous call, as
@@ -416,13 +411,26 @@ impl BlockSource {
     /// assert_eq!(source.trim_idle(), 200_704); // no block taken since
     /// ```
     pub fn trim_idle(&self) -> usize {
-        let released = self.c8.trim_idle_objects()
-            + self.c16.trim_idle_objects()
-            + self.c32.trim_idle_objects()
-            + self.c64.trim_idle_objects()
-            + self.large.trim_idle();
-        crate::core::backing::release_to_os(released);
-        released
+        self.trim_parts(|part| part.trim_idle())
+    }
+
+    /// Trims the four classes and the large blocks with `trim`, asking the OS once for
+    /// what they released together (as `trim_all` does for every allocator).
+    fn trim_parts(&self, trim: impl Fn(&dyn Registered) -> usize) -> usize {
+        registry::trim_each(
+            |part| {
+                for class in [
+                    self.c8.engine(),
+                    self.c16.engine(),
+                    self.c32.engine(),
+                    self.c64.engine(),
+                ] {
+                    part(class);
+                }
+                part(&*self.large);
+            },
+            trim,
+        )
     }
 
     /// Hands the calling thread's cached blocks to the source's depots.

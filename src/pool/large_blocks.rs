@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
 use super::{BlockAllocator, BlockSourceStats, RawBlock, BLOCK_ALIGN};
-use crate::core::admin::min_idle_interval;
 use crate::core::backing::free_user_block;
 use crate::core::budget::ByteBudget;
+use crate::core::engine::IdleWatch;
 use crate::registry::Registered;
 use crate::stats::Stats;
 use crate::sync::{self, Arc, Mutex, StatCounter};
@@ -45,8 +45,8 @@ pub(super) struct Large {
     live_bytes: StatCounter,
     /// Bytes of the blocks in the buckets.
     cached_bytes: StatCounter,
-    /// `allocs`, and when, at the previous `trim_idle` that counted.
-    idle_seen: sync::process::Mutex<Option<(u64, std::time::Instant)>>,
+    /// The `trim_idle` interval, over `allocs`.
+    idle_watch: sync::process::Mutex<IdleWatch>,
 }
 
 /// The layout of a large block that was allocated (so its size is known to fit one).
@@ -73,7 +73,7 @@ impl Large {
             system_frees: StatCounter::new(),
             live_bytes: StatCounter::new(),
             cached_bytes: StatCounter::new(),
-            idle_seen: sync::process::Mutex::new(None),
+            idle_watch: sync::process::Mutex::new(IdleWatch::default()),
         });
         #[cfg(not(proxalloc_loom))]
         crate::registry::register(&large);
@@ -204,22 +204,11 @@ impl Large {
     /// returns the bytes released.
     pub(super) fn trim_idle(&self) -> usize {
         let idle = {
-            let mut seen = self.idle_seen.lock().unwrap_or_else(|e| e.into_inner());
-            let now = std::time::Instant::now();
-            let allocs = self.allocs.get();
-            match *seen {
-                Some((_, at)) if now.saturating_duration_since(at) < min_idle_interval() => {
-                    return 0
-                }
-                Some((before, _)) => {
-                    *seen = Some((allocs, now));
-                    before == allocs
-                }
-                None => {
-                    *seen = Some((allocs, now));
-                    false
-                }
+            let mut watch = self.idle_watch.lock().unwrap_or_else(|e| e.into_inner());
+            if watch.too_soon() {
+                return 0;
             }
+            watch.end(self.allocs.get())
         };
         if idle {
             self.trim()
