@@ -1,0 +1,272 @@
+//! The contenders: proxalloc with each handle, the floor, and (feature `peers`) the
+//! global allocators a user would pick instead.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::UnsafeCell;
+use std::ptr::NonNull;
+
+use proxalloc::{ClassAllocator, ClassBox};
+
+use crate::workloads::Contender;
+
+/// A raw object pointer, the handle of every contender without one of its own.
+pub struct Raw<T>(NonNull<T>);
+
+// SAFETY: the handle owns its object exclusively, like `Box<T>`.
+unsafe impl<T: Send> Send for Raw<T> {}
+
+/// proxalloc with its default handle, [`ClassBox`] (the object and its allocator).
+pub struct Boxed<T: 'static>(pub ClassAllocator<T>);
+
+impl<T: Send + Sync + 'static> Contender<T> for Boxed<T> {
+    type Handle = ClassBox<'static, T>;
+    #[inline(always)]
+    fn alloc(&'static self, value: T) -> Self::Handle {
+        self.0.alloc(value)
+    }
+    #[inline(always)]
+    fn free(&'static self, handle: Self::Handle) {
+        drop(handle)
+    }
+    #[inline(always)]
+    fn get(handle: &Self::Handle) -> &T {
+        handle
+    }
+}
+
+/// proxalloc with a one-word handle: the object alone, its allocator known to the code
+/// that frees it (as `Thin` handles of a `static` allocator are).
+pub struct OneWord<T: 'static>(pub ClassAllocator<T>);
+
+impl<T: Send + Sync + 'static> Contender<T> for OneWord<T> {
+    type Handle = Raw<T>;
+    #[inline(always)]
+    fn alloc(&'static self, value: T) -> Self::Handle {
+        Raw(ClassBox::into_raw(self.0.alloc(value)))
+    }
+    #[inline(always)]
+    fn free(&'static self, handle: Self::Handle) {
+        // SAFETY: `handle` came from `into_raw` on this allocator and is freed once.
+        drop(unsafe { ClassBox::from_raw(&self.0, handle.0) })
+    }
+    #[inline(always)]
+    fn get(handle: &Self::Handle) -> &T {
+        // SAFETY: the handle owns a live object.
+        unsafe { handle.0.as_ref() }
+    }
+}
+
+/// Free objects a floor stack holds, per size; W2's batch fits.
+const FLOOR_SLOTS: usize = 1024;
+
+struct Stack {
+    len: usize,
+    slots: [*mut u8; FLOOR_SLOTS],
+}
+
+const SIZES: usize = 5;
+
+std::thread_local! {
+    static STACKS: UnsafeCell<[Stack; SIZES]> = const {
+        UnsafeCell::new([const { Stack { len: 0, slots: [std::ptr::null_mut(); FLOOR_SLOTS] } }; SIZES])
+    };
+}
+
+/// The stack of objects of `size` bytes; evaluated at compile time (`const { .. }` at
+/// the call), so the floor's fast path has no check of it.
+const fn stack_of(size: usize) -> usize {
+    match size {
+        64 => 0,
+        128 => 1,
+        512 => 2,
+        1024 => 3,
+        2048 => 4,
+        _ => panic!("the floor takes the workloads' sizes"),
+    }
+}
+
+/// The floor: a thread-local array of free pointers per size used as a stack, filled
+/// from malloc on a miss; no synchronisation, no accounting, no shared level.
+pub struct Floor;
+
+impl<T: Send + Sync + 'static> Contender<T> for Floor {
+    type Handle = Raw<T>;
+    #[inline(always)]
+    fn alloc(&'static self, value: T) -> Self::Handle {
+        self.alloc_floor(value)
+    }
+    #[inline(always)]
+    fn free(&'static self, handle: Self::Handle) {
+        self.free_floor(handle)
+    }
+    #[inline(always)]
+    fn get(handle: &Self::Handle) -> &T {
+        // SAFETY: the handle owns a live object.
+        unsafe { handle.0.as_ref() }
+    }
+}
+
+impl Floor {
+    #[inline(always)]
+    fn alloc_floor<T>(&self, value: T) -> Raw<T> {
+        let k = const { stack_of(size_of::<T>()) };
+        // SAFETY: this thread's stacks, borrowed only here and in `free`.
+        let p = STACKS.with(|s| unsafe {
+            let s = &mut (*s.get())[k];
+            if s.len == 0 {
+                std::ptr::null_mut()
+            } else {
+                s.len -= 1;
+                s.slots[s.len]
+            }
+        });
+        let p = if p.is_null() {
+            // SAFETY: a non-zero layout.
+            unsafe { System.alloc(Layout::new::<T>()) }
+        } else {
+            p
+        };
+        let p = NonNull::new(p).expect("out of memory").cast::<T>();
+        // SAFETY: memory for one `T`.
+        unsafe { p.as_ptr().write(value) };
+        Raw(p)
+    }
+
+    #[inline(always)]
+    fn free_floor<T>(&self, handle: Raw<T>) {
+        let k = const { stack_of(size_of::<T>()) };
+        let p = handle.0.as_ptr().cast::<u8>();
+        // SAFETY: as in `alloc`.
+        let kept = STACKS.with(|s| unsafe {
+            let s = &mut (*s.get())[k];
+            if s.len == FLOOR_SLOTS {
+                return false;
+            }
+            s.slots[s.len] = p;
+            s.len += 1;
+            true
+        });
+        if !kept {
+            // SAFETY: from `System` with this layout (a thread's stack may also hold
+            // another thread's objects, all from `System`).
+            unsafe { System.dealloc(p, Layout::new::<T>()) }
+        }
+    }
+}
+
+/// The floor with a two-word handle, the size of a [`ClassBox`]: what the second word
+/// costs by itself (the handles are held in arrays and moved, as users hold them).
+pub struct Floor2;
+
+/// [`Raw`] and a second word, as a [`ClassBox`] carries its allocator.
+pub struct Raw2<T>(Raw<T>, &'static Floor2);
+
+impl<T: Send + Sync + 'static> Contender<T> for Floor2 {
+    type Handle = Raw2<T>;
+    #[inline(always)]
+    fn alloc(&'static self, value: T) -> Self::Handle {
+        Raw2(Floor.alloc_floor(value), self)
+    }
+    #[inline(always)]
+    fn free(&'static self, handle: Self::Handle) {
+        // The free reads the second word, as a `ClassBox`'s drop does.
+        std::hint::black_box(handle.1);
+        Floor.free_floor(handle.0)
+    }
+    #[inline(always)]
+    fn get(handle: &Self::Handle) -> &T {
+        Floor::get(&handle.0)
+    }
+}
+
+std::thread_local! {
+    static VEC_STACKS: UnsafeCell<[Vec<*mut u8>; SIZES]> = const { UnsafeCell::new([const { Vec::new() }; SIZES]) };
+}
+
+/// The floor the project's suite has used (`lower-bound` in tools/): a thread-local
+/// `Vec` of free pointers per size. Its thread-local has a destructor, so every access
+/// checks that it is live, and a push checks the `Vec`'s capacity.
+pub struct VecFloor;
+
+impl<T: Send + Sync + 'static> Contender<T> for VecFloor {
+    type Handle = Raw<T>;
+    #[inline(always)]
+    fn alloc(&'static self, value: T) -> Self::Handle {
+        let k = const { stack_of(size_of::<T>()) };
+        // SAFETY: this thread's stacks, borrowed only here and in `free`.
+        let p = VEC_STACKS.with(|s| unsafe { (*s.get())[k].pop() });
+        let p = p.unwrap_or_else(|| {
+            // SAFETY: a non-zero layout.
+            unsafe { System.alloc(Layout::new::<T>()) }
+        });
+        let p = NonNull::new(p).expect("out of memory").cast::<T>();
+        // SAFETY: memory for one `T`.
+        unsafe { p.as_ptr().write(value) };
+        Raw(p)
+    }
+    #[inline(always)]
+    fn free(&'static self, handle: Self::Handle) {
+        let k = const { stack_of(size_of::<T>()) };
+        // SAFETY: as in `alloc`.
+        VEC_STACKS.with(|s| unsafe { (*s.get())[k].push(handle.0.as_ptr().cast()) });
+    }
+    #[inline(always)]
+    fn get(handle: &Self::Handle) -> &T {
+        // SAFETY: the handle owns a live object.
+        unsafe { handle.0.as_ref() }
+    }
+}
+
+/// A global allocator called directly (feature `peers`).
+#[cfg(feature = "peers")]
+pub struct Global<A: GlobalAlloc + Sync + 'static>(pub A);
+
+#[cfg(feature = "peers")]
+impl<T: Send + Sync + 'static, A: GlobalAlloc + Sync + 'static> Contender<T> for Global<A> {
+    type Handle = Raw<T>;
+    #[inline(always)]
+    fn alloc(&'static self, value: T) -> Self::Handle {
+        // SAFETY: a non-zero layout.
+        let p = unsafe { self.0.alloc(Layout::new::<T>()) };
+        // Opaque, so the optimiser cannot pair a `malloc` with its `free` and remove both
+        // (it does for `System`, whose calls it knows).
+        let p = std::hint::black_box(p);
+        let p = NonNull::new(p).expect("out of memory").cast::<T>();
+        // SAFETY: memory for one `T`.
+        unsafe { p.as_ptr().write(value) };
+        Raw(p)
+    }
+    #[inline(always)]
+    fn free(&'static self, handle: Self::Handle) {
+        // SAFETY: allocated by `self.0` with this layout.
+        unsafe { self.0.dealloc(handle.0.as_ptr().cast(), Layout::new::<T>()) }
+    }
+    #[inline(always)]
+    fn get(handle: &Self::Handle) -> &T {
+        // SAFETY: the handle owns a live object.
+        unsafe { handle.0.as_ref() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workloads::O2k;
+
+    /// Every contender hands back what it was given, and the floor reuses what it took.
+    #[test]
+    fn contenders_keep_values_and_the_floor_reuses_its_objects() {
+        fn check<C: Contender<O2k>>(c: &'static C) -> usize {
+            let h = c.alloc(O2k::new(9));
+            assert_eq!(C::get(&h).ends(), 9 ^ !9);
+            let p = C::get(&h) as *const O2k as usize;
+            c.free(h);
+            p
+        }
+        static F: Floor = Floor;
+        let p = check(&F);
+        assert_eq!(check(&F), p, "the floor pops what it pushed");
+        check(Box::leak(Box::new(Boxed(ClassAllocator::new("ab-test")))));
+        check(Box::leak(Box::new(OneWord(ClassAllocator::new("ab-test")))));
+    }
+}
