@@ -271,6 +271,10 @@ pub(crate) mod relaxed {
         (load_pair) => {
             "mov {a:e}, dword ptr [{p} + {i}]\nmov {b}, qword ptr [{p} + {n}]"
         };
+        // No instruction: a comment naming the register.
+        (none) => {
+            "/* {p} */"
+        };
     }
     #[cfg(target_arch = "aarch64")]
     macro_rules! insn {
@@ -279,6 +283,9 @@ pub(crate) mod relaxed {
         };
         (load_pair) => {
             "ldr {a:w}, [{p}, #{i}]\nldr {b}, [{p}, #{n}]"
+        };
+        (none) => {
+            "// {p}"
         };
     }
 
@@ -339,6 +346,33 @@ pub(crate) mod relaxed {
         (a, b)
     }
 
+    /// `p` unchanged, through an assembly block with no instruction: to the optimiser a
+    /// value in a register that it cannot see into. The fast paths' lookup takes the
+    /// thread's table address through it, so that every access to a cache is
+    /// `[base + offset + field]` from one register holding the table's address;
+    /// otherwise LLVM folds the thread-local's address into some accesses as `fs:`-relative
+    /// operands and keeps a second register for the others, and in a loop of
+    /// allocations that register pressure spills the allocators' addresses to the stack
+    /// and reloads one before every operation (measured:
+    /// `docs/benchmarks.md#the-request-shapes-regression`). It costs no instruction: the
+    /// block is `pure` and reads no memory, so it is hoisted with the address.
+    #[inline(always)]
+    // The block holds the pointer in a register and touches no memory, which is what
+    // `nomem` says.
+    #[allow(clippy::pointers_in_nomem_asm_block)]
+    pub(crate) fn opaque<T>(mut p: *mut T) -> *mut T {
+        // SAFETY: no instruction; the pointer comes back as it went in, with its
+        // provenance.
+        unsafe {
+            std::arch::asm!(
+                insn!(none),
+                p = inout(reg) p,
+                options(nostack, preserves_flags, nomem, pure),
+            )
+        };
+        p
+    }
+
     /// A `Relaxed` load of a pointer.
     #[inline(always)]
     pub(crate) fn load_ptr(a: &std::sync::atomic::AtomicPtr<u8>) -> *mut u8 {
@@ -393,6 +427,12 @@ pub(crate) mod relaxed {
     #[inline(always)]
     pub(crate) fn increment_u64(a: &AtomicU64) {
         a.store(a.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed)
+    }
+
+    /// `p` unchanged (the assembly version's purpose is code generation only).
+    #[inline(always)]
+    pub(crate) fn opaque<T>(p: *mut T) -> *mut T {
+        p
     }
 
     /// A `Relaxed` load of a pointer.

@@ -588,10 +588,14 @@ pub(crate) fn lookup_fast(offset: usize, instance: u64) -> Option<Owner<'static>
     let offset = cache_start(offset)?;
     LOCAL
         .try_with(|table| {
+            // The table's address as one opaque register value (see `sync::relaxed::opaque`:
+            // left to LLVM, it costs allocation loops a reload from the stack per
+            // operation).
+            let base = sync::relaxed::opaque(table.fast());
             // SAFETY: `offset` is the start of an inline cache (masked or checked
             // above); entries are always valid caches, and the owner part is never
             // borrowed across a call into the allocator.
-            let cache = unsafe { table.fast().byte_add(offset) };
+            let cache = unsafe { base.byte_add(offset) };
             // SAFETY: as above; this thread owns the table. An inline cache lives as
             // long as the thread.
             (unsafe { ThreadCache::instance(cache) } == instance)
