@@ -8,18 +8,23 @@
 # against the library of each, so both builds run the same workloads; the two builds
 # then run in alternation (ABBA order), RUNS times each (default 20), each run taking
 # ROUNDS samples of every cell (RUN_ARGS are the harness's `run` arguments: `[ROUNDS]
-# [--only NAME,..] [--work TEXT,..]`; default 30 rounds). It prints the table of
-# interleaved ratios: new / old per workload and handle (the min over the samples for
-# one thread, the median for two), each build against its floor, and the floor's own
-# new / old (the same code in both builds: the run's noise).
+# [--only NAME,..] [--work TEXT,..] [--all]`; ROUNDS defaults to 30). It prints the
+# table of interleaved ratios: new / old per workload and handle (the min over the
+# samples for one thread, the median for two), each build against its floor, and the
+# floor's own new / old (the same code in both builds: the run's noise).
 #
 # AB_FEATURES=percpu adds per-CPU allocators (both commits need CacheMode::PerCpu).
 # Sources and builds are kept under target/ab/ (a commit's build is reused); the
 # samples of each A/B are kept in target/ab/runs/<time>/.
 set -euo pipefail
+shopt -s inherit_errexit
 
 usage() {
-    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+}
+fail() {
+    echo "ab.sh: $*" >&2
     exit 2
 }
 
@@ -32,29 +37,51 @@ if [ $# -gt 0 ] && [ "$1" != -- ]; then
     runs=$1
     shift
 fi
-[ $# -eq 0 ] || { [ "$1" = -- ] && shift; } || usage
+if [ $# -gt 0 ]; then
+    [ "$1" = -- ] || usage
+    shift
+fi
 run_args=("$@")
-[ ${#run_args[@]} -gt 0 ] || run_args=(30)
-[[ $runs =~ ^[0-9]+$ ]] && [ "$runs" -gt 0 ] || { echo "ab.sh: RUNS is a positive number" >&2; exit 2; }
+# ROUNDS defaults to 30 here (the harness's own default is 10) when none is given.
+has_rounds=0
+skip=0
+for a in "${run_args[@]}"; do
+    if [ $skip = 1 ]; then
+        skip=0
+    elif [[ $a == --only || $a == --work ]]; then
+        skip=1
+    elif [[ $a != --* ]]; then
+        has_rounds=1
+    fi
+done
+[ $has_rounds = 1 ] || run_args=(30 "${run_args[@]}")
+[[ $runs =~ ^[0-9]+$ ]] && [ "$runs" -gt 0 ] || fail "RUNS is a positive number"
+[ "$old" != . ] || [ "$new" != . ] || fail "OLD and NEW are both the working tree"
 
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 out=$root/target/ab
 features=${AB_FEATURES:-}
 
-# Builds the harness against `$1`'s library; prints the binary's path.
+# Builds the harness against `$1`'s library into `$2` (a file this script owns, removed
+# first, so a failed build can never leave an older binary to be measured).
 build() {
-    local rev=$1 tree key
+    local rev=$1 dest=$2 tree key tmp
+    rm -f "$dest"
     if [ "$rev" = . ]; then
         tree=$root
         key=worktree
     else
         key=$(git -C "$root" rev-parse --verify --quiet "$rev^{commit}") ||
-            { echo "ab.sh: $rev is not a commit" >&2; exit 2; }
+            fail "$rev is not a commit"
         tree=$out/src/$key
-        if [ ! -f "$tree/Cargo.toml" ]; then
-            rm -rf "$tree"
-            mkdir -p "$tree"
-            git -C "$root" archive "$key" | tar -x -C "$tree"
+        if [ ! -f "$tree/.ab-complete" ]; then
+            # Extracted beside and moved into place, so an interrupted extraction is
+            # never taken for a whole tree.
+            rm -rf "$tree" "$tree.tmp"
+            mkdir -p "$tree.tmp"
+            git -C "$root" archive "$key" | tar -x -C "$tree.tmp"
+            touch "$tree.tmp/.ab-complete"
+            mv "$tree.tmp" "$tree"
         fi
         # This checkout's harness, whatever the commit had.
         rm -rf "$tree/tools/ab"
@@ -63,26 +90,27 @@ build() {
     fi
     echo "ab.sh: building the harness against $rev" >&2
     CARGO_TARGET_DIR=$out/build/$key cargo build --release --quiet \
-        --manifest-path "$tree/tools/ab/Cargo.toml" ${features:+--features "$features"} >&2
-    echo "$out/build/$key/release/proxalloc-ab"
+        --manifest-path "$tree/tools/ab/Cargo.toml" ${features:+--features "$features"} >&2 ||
+        fail "the build against $rev failed"
+    cp "$out/build/$key/release/proxalloc-ab" "$dest"
 }
 
 label() {
-    if [ "$1" = . ]; then
+    if [ "$1" != . ]; then
+        echo "$1 ($(git -C "$root" rev-parse --short "$1^{commit}"))"
+    elif [ -n "$(git -C "$root" status --porcelain -- . ':!tools/ab')" ]; then
         echo "working tree ($(git -C "$root" rev-parse --short HEAD) + changes)"
     else
-        echo "$1 ($(git -C "$root" rev-parse --short "$1^{commit}"))"
+        echo "working tree ($(git -C "$root" rev-parse --short HEAD) unchanged)"
     fi
 }
 
-bin_old=$(build "$old")
-bin_new=$(build "$new")
-[ "$old" != . ] || [ "$new" != . ] || { echo "ab.sh: OLD and NEW are both the working tree" >&2; exit 2; }
-# The working tree's binary is rebuilt in place: a copy keeps each run on one build.
 dir=$out/runs/$(date +%Y%m%d-%H%M%S)
 mkdir -p "$dir"
-cp "$bin_old" "$dir/old-bin"
-cp "$bin_new" "$dir/new-bin"
+# Each side's binary is copied out of its build folder: the working tree's is rebuilt
+# in place by the next A/B, and each run must stay on one build.
+build "$old" "$dir/old-bin"
+build "$new" "$dir/new-bin"
 
 echo "ab.sh: $runs runs of each build, alternating; samples in $dir" >&2
 echo "machine: $(uname -m), $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
@@ -96,4 +124,6 @@ done
 echo >&2
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
 echo
-"$dir/new-bin" report "$dir/old.tsv" "$dir/new.tsv" --labels "$(label "$old"),$(label "$new")"
+"$dir/new-bin" report "$dir/old.tsv" "$dir/new.tsv" --old-label "$(label "$old")" --new-label "$(label "$new")"
+# The samples stay; the binaries (tens of MB with their debug info) go.
+rm -f "$dir/old-bin" "$dir/new-bin"

@@ -5,9 +5,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;
 
-use proxalloc::{ClassAllocator, ClassBox};
+use proxalloc::{ClassAllocator, ClassBox, StaticClass, Thin};
 
-use crate::workloads::Contender;
+use crate::workloads::{opaque, Contender};
 
 /// A raw object pointer, the handle of every contender without one of its own.
 pub struct Raw<T>(NonNull<T>);
@@ -53,6 +53,34 @@ impl<T: Send + Sync + 'static> Contender<T> for OneWord<T> {
     fn get(handle: &Self::Handle) -> &T {
         // SAFETY: the handle owns a live object.
         unsafe { handle.0.as_ref() }
+    }
+}
+
+/// proxalloc's one-word handle of a `static` allocator, [`Thin`] (declared with
+/// `static_class!`): the allocator is known from the type, so a free reads nothing but
+/// the object's address.
+pub struct ThinOf<C>(std::marker::PhantomData<fn() -> C>);
+
+impl<C> ThinOf<C> {
+    pub const NEW: Self = ThinOf(std::marker::PhantomData);
+}
+
+impl<C: StaticClass + 'static> Contender<C::Object> for ThinOf<C>
+where
+    C::Object: Send + Sync + 'static,
+{
+    type Handle = Thin<C>;
+    #[inline(always)]
+    fn alloc(&'static self, value: C::Object) -> Self::Handle {
+        Thin::new(value)
+    }
+    #[inline(always)]
+    fn free(&'static self, handle: Self::Handle) {
+        drop(handle)
+    }
+    #[inline(always)]
+    fn get(handle: &Self::Handle) -> &C::Object {
+        handle
     }
 }
 
@@ -154,28 +182,51 @@ impl Floor {
     }
 }
 
-/// The floor with a two-word handle, the size of a [`ClassBox`]: what the second word
-/// costs by itself (the handles are held in arrays and moved, as users hold them).
+/// The floor with a handle shaped as a [`ClassBox`]: two words, the second read by its
+/// `Drop`, which frees: what that shape costs by itself (handles in arrays are built,
+/// moved and dropped by the standard library's array code, as users hold them).
 pub struct Floor2;
 
-/// [`Raw`] and a second word, as a [`ClassBox`] carries its allocator.
-pub struct Raw2<T>(Raw<T>, &'static Floor2);
+/// [`Raw`] and a second word, as a [`ClassBox`] carries its allocator; dropping it frees.
+pub struct Raw2<T> {
+    object: NonNull<T>,
+    floor: &'static Floor2,
+}
+
+// SAFETY: as for `Raw`.
+unsafe impl<T: Send> Send for Raw2<T> {}
+
+impl<T> Drop for Raw2<T> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        // The drop needs the second word in a register, as a `ClassBox`'s needs its
+        // allocator's address (an instruction-free block that reads no memory).
+        let floor = std::ptr::from_ref(self.floor);
+        // SAFETY: no instruction.
+        unsafe {
+            std::arch::asm!("/* {f} */", f = in(reg) floor, options(nostack, preserves_flags, nomem))
+        };
+        Floor.free_floor(Raw(self.object))
+    }
+}
 
 impl<T: Send + Sync + 'static> Contender<T> for Floor2 {
     type Handle = Raw2<T>;
     #[inline(always)]
     fn alloc(&'static self, value: T) -> Self::Handle {
-        Raw2(Floor.alloc_floor(value), self)
+        Raw2 {
+            object: Floor.alloc_floor(value).0,
+            floor: self,
+        }
     }
     #[inline(always)]
     fn free(&'static self, handle: Self::Handle) {
-        // The free reads the second word, as a `ClassBox`'s drop does.
-        std::hint::black_box(handle.1);
-        Floor.free_floor(handle.0)
+        drop(handle)
     }
     #[inline(always)]
     fn get(handle: &Self::Handle) -> &T {
-        Floor::get(&handle.0)
+        // SAFETY: the handle owns a live object.
+        unsafe { handle.object.as_ref() }
     }
 }
 
@@ -228,9 +279,9 @@ impl<T: Send + Sync + 'static, A: GlobalAlloc + Sync + 'static> Contender<T> for
     fn alloc(&'static self, value: T) -> Self::Handle {
         // SAFETY: a non-zero layout.
         let p = unsafe { self.0.alloc(Layout::new::<T>()) };
-        // Opaque, so the optimiser cannot pair a `malloc` with its `free` and remove both
-        // (it does for `System`, whose calls it knows).
-        let p = std::hint::black_box(p);
+        // Opaque (no instruction), so the optimiser cannot pair a `malloc` with its
+        // `free` and remove both, or the stores between (it knows glibc's calls).
+        let p = opaque(p).cast_mut();
         let p = NonNull::new(p).expect("out of memory").cast::<T>();
         // SAFETY: memory for one `T`.
         unsafe { p.as_ptr().write(value) };
@@ -258,7 +309,7 @@ mod tests {
     fn contenders_keep_values_and_the_floor_reuses_its_objects() {
         fn check<C: Contender<O2k>>(c: &'static C) -> usize {
             let h = c.alloc(O2k::new(9));
-            assert_eq!(C::get(&h).ends(), 9 ^ !9);
+            assert_eq!(C::get(&h).ends(), 9 + 27);
             let p = C::get(&h) as *const O2k as usize;
             c.free(h);
             p

@@ -10,7 +10,7 @@
 //!     ROUNDS rounds (default 10) after one to warm up, each one sample of every cell
 //!     (a contender on a workload), printed as `workload<TAB>contender<TAB>ns` lines;
 //!     `--all` adds the floors that explain the others (`floor-vec`, `floor-2w`)
-//! proxalloc-ab report OLD.tsv NEW.tsv [--labels OLD,NEW]
+//! proxalloc-ab report OLD.tsv NEW.tsv [--old-label NAME] [--new-label NAME]
 //!     the A/B table of two builds' samples
 //! proxalloc-ab table FILE.tsv..
 //!     one build's table; with several files (runs), each figure's range over them
@@ -19,12 +19,18 @@
 //!     benchmark in one command (with `--features peers`, against jemalloc and mimalloc)
 //! ```
 //!
-//! The contenders: `floor`, `ClassBox`, `one-word` (and with `--all`, `floor-vec`: a
-//! thread-local `Vec` per size, as the suite's `lower-bound`; `floor-2w`: the floor
-//! with a handle of two words, as a `ClassBox`); with the `percpu` feature
+//! The contenders: `floor`, `ClassBox`, `one-word` (a run-time allocator's object
+//! through `into_raw`/`from_raw`), `Thin` (`static_class!` allocators' one-word handles;
+//! and with `--all`, `floor-vec`: a thread-local `Vec` per size, as the suite's
+//! `lower-bound`; `floor-2w`: the floor with a handle shaped as a `ClassBox`, two words
+//! and a `Drop`); with the `percpu` feature
 //! `ClassBox-percpu` and `one-word-percpu`; with `peers`, `jemalloc`, `mimalloc` and
 //! `glibc`. The workloads: `W1 pair 64 B`, `W2 batch 64 B`, `W3 64 B 2t`, `request`
 //! and `request 2t`.
+
+// The harness's instruction-free `asm!` blocks hold pointers in registers and touch no
+// memory, which is what `nomem` says.
+#![allow(clippy::pointers_in_nomem_asm_block)]
 
 mod contenders;
 mod report;
@@ -32,11 +38,11 @@ mod workloads;
 
 use std::io::Write as _;
 
-use proxalloc::ClassAllocator;
+use proxalloc::{static_class, ClassAllocator};
 #[cfg(feature = "percpu")]
 use proxalloc::{CacheMode, Config};
 
-use contenders::{Boxed, Floor, Floor2, OneWord, VecFloor};
+use contenders::{Boxed, Floor, Floor2, OneWord, ThinOf, VecFloor};
 use report::Samples;
 use workloads::{request, request_two, w1, w2, w3, Contender, Mix, O1k, O2k, O128, O512, O64};
 
@@ -135,6 +141,13 @@ where
     );
 }
 
+// The `Thin` contender's `static` allocators, one per size.
+static_class!(Thin64: O64 = "ab-thin-64");
+static_class!(Thin2k: O2k = "ab-thin-2k");
+static_class!(Thin512: O512 = "ab-thin-512");
+static_class!(Thin128: O128 = "ab-thin-128");
+static_class!(Thin1k: O1k = "ab-thin-1k");
+
 fn cells() -> Vec<Cell> {
     let mut cells = Vec::new();
     add_uniform(&mut cells, report::FLOOR, &Floor);
@@ -142,6 +155,17 @@ fn cells() -> Vec<Cell> {
     add_uniform(&mut cells, "floor-2w", &Floor2);
     proxalloc_cells!(&mut cells, "ClassBox", Boxed, thread_caches);
     proxalloc_cells!(&mut cells, "one-word", OneWord, thread_caches);
+    add(
+        &mut cells,
+        "Thin",
+        &ThinOf::<Thin64>::NEW,
+        leak(Mix {
+            k2: &ThinOf::<Thin2k>::NEW,
+            b512: &ThinOf::<Thin512>::NEW,
+            b128: &ThinOf::<Thin128>::NEW,
+            k1: &ThinOf::<Thin1k>::NEW,
+        }),
+    );
     #[cfg(feature = "percpu")]
     {
         proxalloc_cells!(&mut cells, "ClassBox-percpu", Boxed, per_cpu);
@@ -180,10 +204,27 @@ fn read(path: &str) -> Samples {
     Samples::parse(&text).unwrap_or_else(|e| fail(&format!("{path}: {e}")))
 }
 
+/// The positional arguments of `args`: those that are neither a flag nor a flag's value.
+fn positional(args: &[String]) -> Vec<&String> {
+    let mut out = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--only" | "--work" | "--old-label" | "--new-label" | "--runs" => {
+                it.next();
+            }
+            a if a.starts_with("--") => {}
+            _ => out.push(a),
+        }
+    }
+    out
+}
+
 fn run(args: &[String]) {
-    let rounds: usize = match args.first().filter(|a| !a.starts_with("--")) {
-        Some(r) => r.parse().unwrap_or_else(|_| fail("ROUNDS is a number")),
-        None => 10,
+    let rounds: usize = match positional(args).as_slice() {
+        [] => 10,
+        [r] => r.parse().unwrap_or_else(|_| fail("ROUNDS is a number")),
+        more => fail(&format!("one ROUNDS, not {more:?}")),
     };
     let only = list(args, "--only");
     let work = list(args, "--work");
@@ -203,11 +244,14 @@ fn run(args: &[String]) {
         fail("no cell left by --only and --work");
     }
     let mut samples = vec![Vec::with_capacity(rounds); cells.len()];
+    // Round 0 warms up. Each round starts one cell later than the one before, so that
+    // no cell always runs first (or right after the same neighbour).
     for round in 0..=rounds {
-        for (c, s) in cells.iter().zip(&mut samples) {
-            let ns = (c.run)();
+        for k in 0..cells.len() {
+            let i = (k + round) % cells.len();
+            let ns = (cells[i].run)();
             if round > 0 {
-                s.push(ns);
+                samples[i].push(ns);
             }
         }
     }
@@ -261,13 +305,21 @@ fn main() {
         Some("report") => {
             let [old, new] = [args.get(1), args.get(2)]
                 .map(|p| p.unwrap_or_else(|| fail("report OLD.tsv NEW.tsv")));
-            let labels = list(&args, "--labels").unwrap_or_else(|| vec![old.clone(), new.clone()]);
-            if labels.len() != 2 {
-                fail("--labels OLD,NEW");
-            }
+            let label = |flag: &str, default: &String| match args.iter().position(|a| a == flag) {
+                Some(i) => args
+                    .get(i + 1)
+                    .unwrap_or_else(|| fail(&format!("{flag} takes a name")))
+                    .clone(),
+                None => default.clone(),
+            };
             print!(
                 "{}",
-                report::ab_table(&read(old), &read(new), &labels[0], &labels[1])
+                report::ab_table(
+                    &read(old),
+                    &read(new),
+                    &label("--old-label", old),
+                    &label("--new-label", new)
+                )
             );
         }
         Some("table") if args.len() > 1 => {
@@ -277,7 +329,8 @@ fn main() {
         Some("bench") => bench(&args[1..]),
         _ => fail(
             "usage: run [ROUNDS] [--only NAME,..] [--work TEXT,..] [--all] \
-             | report OLD NEW [--labels A,B] | table FILE.. | bench [--runs R] [RUN_ARGS..]",
+             | report OLD NEW [--old-label A] [--new-label B] | table FILE.. \
+             | bench [--runs R] [RUN_ARGS..]",
         ),
     }
 }

@@ -72,7 +72,8 @@ pub fn two_threads(workload: &str) -> bool {
     workload.ends_with(" 2t")
 }
 
-/// The `q`-quantile of `v` (nearest rank), `q` in [0, 1].
+/// The `q`-quantile of `v`: the sample at rank `round((n - 1) q)` (of an even count, the
+/// median is the upper of the middle two), `q` in [0, 1].
 pub fn quantile(v: &[f64], q: f64) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
@@ -98,7 +99,13 @@ pub const PEERS: [&str; 3] = ["jemalloc", "mimalloc", "glibc"];
 /// is the control: the same code in both, so it shows the run's noise.
 pub fn ab_table(old: &Samples, new: &Samples, old_label: &str, new_label: &str) -> String {
     let mut out = String::new();
-    let n = old.by_cell.values().map(Vec::len).min().unwrap_or(0);
+    let n = old
+        .by_cell
+        .values()
+        .chain(new.by_cell.values())
+        .map(Vec::len)
+        .min()
+        .unwrap_or(0);
     let _ = writeln!(
         out,
         "A/B, interleaved: old = {old_label}, new = {new_label}; {n}+ samples a cell \
