@@ -29,9 +29,9 @@ use super::ClassAllocator;
 ///
 /// A `ClassBox` is two words, the object and its allocator, so it works with every
 /// allocator, one made at run time included. For a `static` allocator,
-/// [`Thin`](crate::Thin) handles ([`static_class!`](crate::static_class!)) are one word:
-/// the faster choice where a request holds many objects at once (arrays of two-word
-/// handles cost more to build and move; see `docs/benchmarks.md`, the request shape).
+/// [`Thin`](crate::Thin) handles ([`static_class!`](crate::static_class!)) are one word
+/// and the faster choice: the allocator's address is a constant in the code that frees,
+/// not a word to load (see `docs/benchmarks.md`, the request shape).
 ///
 /// It is `Send`/`Sync` exactly when `T` is. A handle to a `!Send` type stays on its
 /// thread:
