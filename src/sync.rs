@@ -263,10 +263,6 @@ pub(crate) mod relaxed {
     /// The instructions: `mov` on x86-64, `ldr` on AArch64.
     #[cfg(target_arch = "x86_64")]
     macro_rules! insn {
-        // A 64-bit load into `v` at `p`.
-        (load) => {
-            "mov {v}, [{p}]"
-        };
         // A 32-bit load into `a` at `p + i` and a 64-bit load into `b` at `p + n`.
         (load_pair) => {
             "mov {a:e}, dword ptr [{p} + {i}]\nmov {b}, qword ptr [{p} + {n}]"
@@ -278,9 +274,6 @@ pub(crate) mod relaxed {
     }
     #[cfg(target_arch = "aarch64")]
     macro_rules! insn {
-        (load) => {
-            "ldr {v}, [{p}]"
-        };
         (load_pair) => {
             "ldr {a:w}, [{p}, #{i}]\nldr {b}, [{p}, #{n}]"
         };
@@ -372,23 +365,6 @@ pub(crate) mod relaxed {
         };
         p
     }
-
-    /// A `Relaxed` load of a pointer.
-    #[inline(always)]
-    pub(crate) fn load_ptr(a: &std::sync::atomic::AtomicPtr<u8>) -> *mut u8 {
-        let v: *mut u8;
-        // SAFETY: an aligned, single-copy-atomic load: a `Relaxed` load (the pointer keeps
-        // the provenance it was stored with, as an atomic load's would).
-        unsafe {
-            std::arch::asm!(
-                insn!(load),
-                p = in(reg) a.as_ptr(),
-                v = lateout(reg) v,
-                options(nostack, preserves_flags, readonly, pure),
-            )
-        };
-        v
-    }
 }
 
 /// Other targets, Miri (which cannot run assembly) and loom (where `StatCounter` stays
@@ -434,24 +410,18 @@ pub(crate) mod relaxed {
     pub(crate) fn opaque<T>(p: *mut T) -> *mut T {
         p
     }
-
-    /// A `Relaxed` load of a pointer.
-    #[inline(always)]
-    pub(crate) fn load_ptr(a: &std::sync::atomic::AtomicPtr<u8>) -> *mut u8 {
-        a.load(Ordering::Relaxed)
-    }
 }
 
 /// Process-wide std primitives that loom does not model (see the module docs).
 pub(crate) mod process {
-    pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64};
+    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64};
     pub(crate) use std::sync::Mutex;
 }
 
 #[cfg(all(test, not(proxalloc_loom)))]
 mod tests {
     use super::{relaxed, StatCounter};
-    use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
     #[test]
     fn relaxed_accesses_see_and_are_seen_by_atomics() {
@@ -460,11 +430,6 @@ mod tests {
         assert_eq!(a.load(Ordering::Relaxed), u64::MAX);
         relaxed::increment_u64(&a); // wraps
         assert_eq!(a.load(Ordering::Relaxed), 0);
-        let mut x = 7u8;
-        let p = AtomicPtr::new(std::ptr::null_mut());
-        assert!(relaxed::load_ptr(&p).is_null());
-        p.store(&mut x, Ordering::Relaxed);
-        assert_eq!(relaxed::load_ptr(&p), &raw mut x);
     }
 
     /// The owner bumps through the assembly path while another thread reads: the reader

@@ -40,15 +40,21 @@ impl<T> ClassAllocator<T> {
         Ok(p.cast())
     }
 
-    /// The thread-cache fast path missed: a per-CPU allocator's fast path (see
-    /// `Hints::cpu_alloc`), or a boxed cache's (an allocator past the thread table's
-    /// inline caches: `Hints::boxed_alloc`), else the slow path. Out of line, but small
-    /// and not cold, so that such an allocation costs one short call. (`#[cold]` for the
-    /// inline fast path's sake: a call the caller believes hot makes it save registers.)
+    /// The inline fast path missed: a boxed cache's fast path (an allocator past the
+    /// thread table's inline caches: `Hints::boxed_alloc`), or a per-CPU allocator's
+    /// thread cache on a thread without an rseq area (`cache::alloc_percpu_fallback`),
+    /// else the slow path. Out of line, but small, so that such an allocation costs one
+    /// short call. (`#[cold]` for the inline fast path's sake: a call the caller believes
+    /// hot makes it save registers.)
     #[cold]
     #[inline(never)]
     fn alloc_miss(&self) -> Result<NonNull<T>, AllocError> {
-        match self.hints.cpu_alloc().or_else(|| self.hints.boxed_alloc()) {
+        let p = if self.hints.per_cpu() {
+            cache::alloc_percpu_fallback(self.engine())
+        } else {
+            self.hints.boxed_alloc()
+        };
+        match p {
             Some(p) => {
                 self.on_alloc(p);
                 Ok(p.cast())
@@ -114,8 +120,8 @@ impl<T> ClassAllocator<T> {
         unsafe { cache::free(&self.engine_arc(), p) }
     }
 
-    /// The thread-cache fast path of a free missed: a per-CPU allocator's or a boxed
-    /// cache's (see [`alloc_miss`](Self::alloc_miss)), else the slow path.
+    /// The inline fast path of a free missed: a boxed cache's, or a per-CPU allocator's
+    /// thread cache (see [`alloc_miss`](Self::alloc_miss)), else the slow path.
     ///
     /// # Safety
     /// As for `free_raw`.
@@ -124,7 +130,12 @@ impl<T> ClassAllocator<T> {
     unsafe fn free_miss(&self, p: NonNull<u8>) {
         // SAFETY: forwarded from the caller.
         unsafe {
-            if !self.hints.cpu_free(p) && !self.hints.boxed_free(p) {
+            let taken = if self.hints.per_cpu() {
+                cache::free_percpu_fallback(self.engine(), p)
+            } else {
+                self.hints.boxed_free(p)
+            };
+            if !taken {
                 self.free_raw_slow(p)
             }
         }

@@ -28,33 +28,35 @@ use crate::registry::Registered;
 use crate::stats::Stats;
 use crate::sync::{self, const_fn, Arc};
 
-/// Where an engine's inline thread cache is in a thread's table, and its instance number,
-/// kept by its front end so that the fast paths find this thread's cache without touching
-/// the engine. Only hints (std
-/// atomics even under loom: nothing is published through them): until they are set
-/// they match no cache, and a mismatch takes the slow path, which uses the engine's own
-/// numbers.
+/// What the fast paths need to find this thread's (or this CPU's) cache of one engine,
+/// kept by its front end so that they never touch the engine. Only hints (std atomics
+/// even under loom: nothing is published through them): until they are set they match
+/// no cache, and a mismatch takes the slow path, which uses the engine's own numbers.
 ///
-/// A per-CPU allocator's hints also point at its CPU caches, which the front end's
-/// out-of-line [`Hints::cpu_alloc`] and [`Hints::cpu_free`] use when the inline lookup
-/// misses, as it does on every thread with an rseq area (no thread cache of the
-/// allocator is ever made there); a thread without one is served from its thread cache
-/// by the inline lookup (see [`Hints::set`]). An allocator whose
-/// caches are boxed (an index past the inline ones) keeps its instance and an offset
-/// past the inline block ([`table::hint_offset`]): the inline lookup masks it and misses,
-/// and the front end's out-of-line [`Hints::boxed_alloc`] and [`Hints::boxed_free`] find
-/// the boxed cache.
+/// Two words, read together by one assembly block (see [`Hints::offset_and_instance`]):
+/// - a per-thread allocator's: the byte offset of its inline cache in a thread's table,
+///   and its instance number ([`table::lookup_fast`]). An allocator whose caches are boxed
+///   (an index past the inline ones) keeps its instance and an offset past the inline
+///   block ([`table::hint_offset`]): the inline lookup masks it and misses, and the front
+///   end's out-of-line [`Hints::boxed_alloc`] and [`Hints::boxed_free`] find the boxed
+///   cache.
+/// - a per-CPU allocator's: [`PERCPU`] in the offset, and in place of the instance the
+///   address of its CPU caches ([`PerCpu::base`]): its fast paths run the CPU's sequence
+///   first, with no thread-cache lookup ([`Hints::alloc`]). A thread without an rseq area
+///   uses a thread cache instead, out of line ([`alloc_percpu_fallback`]).
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Hints {
     /// The cache's byte offset in a thread's table, or past its inline block for boxed
-    /// caches (see [`table::hint_offset`]).
+    /// caches (see [`table::hint_offset`]), or [`PERCPU`].
     offset: sync::process::AtomicU32,
+    /// The engine's instance number, or a per-CPU engine's [`PerCpu::base`].
     instance: sync::process::AtomicU64,
-    /// Where the per-CPU caches are (null for other allocators): in the engine, which
-    /// lives as long as the allocator that holds these hints.
-    cpus: sync::process::AtomicPtr<u8>,
 }
+
+/// The offset hint of a per-CPU allocator: a bit no table offset has (they stay below
+/// `u32::MAX / 2`: see [`table::hint_offset`]).
+pub(crate) const PERCPU: usize = 1 << 31;
 
 impl Hints {
     const_fn! {
@@ -64,7 +66,6 @@ impl Hints {
             Hints {
                 offset: sync::process::AtomicU32::new(0),
                 instance: sync::process::AtomicU64::new(u64::MAX),
-                cpus: sync::process::AtomicPtr::new(std::ptr::null_mut()),
             }
         }
     }
@@ -72,21 +73,18 @@ impl Hints {
     /// Points the hints at `engine`'s caches. A capped allocator leaves the instance
     /// unset, so its fast paths never match and every operation counts its permit on
     /// the slow path.
-    ///
-    /// A per-CPU allocator gets the table hints too: a thread with an rseq area never
-    /// has a thread cache of it (its slow path goes to the CPU caches), so the inline
-    /// lookup misses there as it would on unset hints, and goes on to the CPU path; a
-    /// thread without an area (someone else registered one for it) uses a thread cache,
-    /// which the same lookup then serves without a call.
     pub(crate) fn set(&self, engine: &Engine, capped: bool) {
         use crate::sync::Ordering;
         if let Some(pc) = engine.percpu() {
-            let array = std::ptr::from_ref(pc.array()).cast_mut().cast();
-            // Release: the array and its caches, written before, are visible to a thread
-            // that reads this pointer. The fast paths read it with a plain load (see
-            // `sync::relaxed`) and only then the array through it: an address dependency,
-            // which orders the two on x86-64, the one architecture with per-CPU caches.
-            self.cpus.store(array, Ordering::Release);
+            // The address first, then the flag: a fast path reads the offset before the
+            // instance (one block, two loads in order, which x86-64 keeps in order, as it
+            // keeps these two stores: the one architecture with per-CPU caches), so one
+            // that sees the flag sees the address. Release: the caches, written before,
+            // are visible to a thread that reads it; the fast paths then reach them
+            // through it (an address dependency).
+            self.instance.store(pc.base() as u64, Ordering::Release);
+            self.offset.store(PERCPU as u32, Ordering::Release);
+            return;
         }
         let Some(offset) = table::hint_offset(engine.index() as usize) else {
             return;
@@ -101,27 +99,9 @@ impl Hints {
         }
     }
 
-    /// A per-CPU allocator's caches, for a thread whose rseq area is set up.
-    #[inline(always)]
-    fn cpus(&self) -> Option<rseq::Cpus> {
-        let array = sync::relaxed::load_ptr(&self.cpus);
-        if array.is_null() {
-            return None;
-        }
-        let area = rseq::current_area();
-        if area.is_null() {
-            return None;
-        }
-        Some(rseq::Cpus {
-            area,
-            array: array.cast_const().cast(),
-        })
-    }
-
     /// This thread's inline cache, if it has one (see [`table::lookup_fast`]).
     #[inline(always)]
-    fn owner(&self) -> Option<Owner<'static>> {
-        let (offset, instance) = self.offset_and_instance();
+    fn owner(offset: usize, instance: u64) -> Option<Owner<'static>> {
         table::lookup_fast(offset, instance)
     }
 
@@ -130,10 +110,14 @@ impl Hints {
     #[inline(always)]
     fn boxed_owner(&self) -> Option<Owner<'static>> {
         let (offset, instance) = self.offset_and_instance();
+        if offset & PERCPU != 0 {
+            return None;
+        }
         table::lookup_boxed(offset, instance)
     }
 
-    /// The offset and instance hints, read as the fast paths read them.
+    /// The offset and instance hints, read as the fast paths read them: the offset
+    /// first.
     #[inline(always)]
     pub(crate) fn offset_and_instance(&self) -> (usize, u64) {
         // Not `load(Relaxed)`: see `sync::relaxed` (an atomic here would make every
@@ -144,22 +128,38 @@ impl Hints {
         unsafe { sync::relaxed::load_u32_u64::<OFFSET, INSTANCE>(std::ptr::from_ref(self).cast()) }
     }
 
-    /// The fast path of an allocation: an object from this thread's loaded magazine, or
-    /// `None` (with nothing changed) when [`alloc`] must run. It makes no calls, so a
-    /// caller's value can be built straight into the object.
+    /// Whether the hints are a per-CPU allocator's.
     #[inline(always)]
-    pub(crate) fn alloc(&self) -> Option<NonNull<u8>> {
-        self.owner()?.pop()
+    pub(crate) fn per_cpu(&self) -> bool {
+        self.offset_and_instance().0 & PERCPU != 0
     }
 
-    /// The fast path of a free: `p` into this thread's loaded magazine; false (with
-    /// nothing changed) when [`free`] must run.
+    /// The fast path of an allocation: an object from this thread's loaded magazine (or,
+    /// for a per-CPU allocator, this CPU's), or `None` (with nothing changed) when
+    /// [`alloc`] must run. It makes no calls, so a caller's value can be built straight
+    /// into the object.
+    #[inline(always)]
+    pub(crate) fn alloc(&self) -> Option<NonNull<u8>> {
+        let (offset, instance) = self.offset_and_instance();
+        if offset & PERCPU != 0 {
+            return cpu_pop(instance as usize);
+        }
+        Self::owner(offset, instance)?.pop()
+    }
+
+    /// The fast path of a free: `p` into this thread's (or CPU's) loaded magazine; false
+    /// (with nothing changed) when [`free`] must run.
     ///
     /// # Safety
     /// `p` is an object of the hints' engine that nobody uses any more.
     #[inline(always)]
     pub(crate) unsafe fn free(&self, p: NonNull<u8>) -> bool {
-        match self.owner() {
+        let (offset, instance) = self.offset_and_instance();
+        if offset & PERCPU != 0 {
+            // SAFETY: forwarded.
+            return unsafe { cpu_push(instance as usize, p) };
+        }
+        match Self::owner(offset, instance) {
             Some(c) => c.push(p),
             None => false,
         }
@@ -167,9 +167,8 @@ impl Hints {
 
     /// An allocator with boxed caches (see [`table::lookup_boxed`]): an object from this
     /// thread's loaded magazine, or `None` (nothing changed; always for an inline
-    /// allocator, and for a per-CPU one on a thread with an rseq area, which has no
-    /// thread cache of it) when [`alloc`] must run. Not inlined into allocation sites, as
-    /// [`cpu_alloc`](Self::cpu_alloc) is not: the front end's miss path calls it.
+    /// allocator or a per-CPU one) when [`alloc`] must run. Not inlined into allocation
+    /// sites: the front end's miss path calls it.
     #[inline(always)]
     pub(crate) fn boxed_alloc(&self) -> Option<NonNull<u8>> {
         self.boxed_owner()?.pop()
@@ -187,34 +186,73 @@ impl Hints {
             None => false,
         }
     }
+}
 
-    /// A per-CPU allocator's fast path: an object from this CPU's loaded magazine, or
-    /// `None` (nothing changed; always for other allocators) when [`alloc`] must run.
-    ///
-    /// It is not part of [`alloc`](Self::alloc), which every allocation inlines: the
-    /// front end calls it first thing in its out-of-line slow path. Inlined at every
-    /// allocation site, the sequence made the per-thread fast paths' callers bigger,
-    /// and LLVM then inlined less of them: the harness's W5 request took more
-    /// instructions with per-thread caches (benchmarks.md, "Per-CPU caches").
-    #[inline(always)]
-    pub(crate) fn cpu_alloc(&self) -> Option<NonNull<u8>> {
-        let cpus = self.cpus()?;
-        // SAFETY: this thread's registered area and the allocator's live caches.
-        NonNull::new(unsafe { rseq::pop(cpus) })
+/// A per-CPU allocator's fast path, for the caches at `base`: this CPU's loaded
+/// magazine popped, or `None` (nothing changed) when the thread has no rseq area, has
+/// moved to another CPU, or the magazine is empty (see `rseq`).
+#[inline(always)]
+fn cpu_pop(base: usize) -> Option<NonNull<u8>> {
+    let t = rseq::thread();
+    if t.area.is_null() {
+        return None;
     }
+    let cache = base.wrapping_add((t.cpu as usize) << rseq::CACHE_SHIFT);
+    // SAFETY: this thread's registered area; `t.cpu` is a CPU number below the count of
+    // every per-CPU engine's caches, `base` a live engine's (the hints' allocator is
+    // borrowed by the caller).
+    NonNull::new(unsafe { rseq::pop(t.area, t.cpu, cache) })
+}
 
-    /// A per-CPU allocator's free fast path (see [`cpu_alloc`](Self::cpu_alloc)): false
-    /// (nothing changed; always for other allocators) when [`free`] must run.
-    ///
-    /// # Safety
-    /// As for [`free`](Self::free).
-    #[inline(always)]
-    pub(crate) unsafe fn cpu_free(&self, p: NonNull<u8>) -> bool {
-        match self.cpus() {
-            // SAFETY: as in `cpu_alloc`; `p` as the caller promised.
-            Some(cpus) => unsafe { rseq::push(cpus, p.as_ptr()) },
-            None => false,
-        }
+/// A per-CPU allocator's free fast path (see [`cpu_pop`]): false when `p` was not taken.
+///
+/// # Safety
+/// `p` is an object of the engine whose caches are at `base` that nobody uses any more.
+#[inline(always)]
+unsafe fn cpu_push(base: usize, p: NonNull<u8>) -> bool {
+    let t = rseq::thread();
+    if t.area.is_null() {
+        return false;
+    }
+    let cache = base.wrapping_add((t.cpu as usize) << rseq::CACHE_SHIFT);
+    // SAFETY: as in `cpu_pop`; `p` as the caller promised.
+    unsafe { rseq::push(t.area, t.cpu, cache, p.as_ptr()) }
+}
+
+/// A per-CPU allocator on a thread without an rseq area (or on any thread, once per-CPU
+/// caches are off for good: see `rseq::fence`): its thread cache, found by the engine's
+/// own numbers (out of line: the front end's miss path calls it), or `None` when the
+/// slow path must run (no cache yet, an empty magazine, a thread that uses CPU caches).
+#[inline(always)]
+pub(crate) fn alloc_percpu_fallback(e: &Engine) -> Option<NonNull<u8>> {
+    if !thread_cache_fallback() {
+        return None;
+    }
+    let offset = table::inline_offset(e.index() as usize)?;
+    table::lookup_fast(offset as usize, e.instance())?.pop()
+}
+
+/// Whether this thread serves per-CPU allocators from thread caches.
+#[inline(always)]
+fn thread_cache_fallback() -> bool {
+    rseq::thread().area.is_null() || rseq::fence::disabled().is_some()
+}
+
+/// The free of [`alloc_percpu_fallback`]: false when the slow path must run.
+///
+/// # Safety
+/// `p` is an object of `e` that nobody uses any more.
+#[inline(always)]
+pub(crate) unsafe fn free_percpu_fallback(e: &Engine, p: NonNull<u8>) -> bool {
+    if !thread_cache_fallback() {
+        return false;
+    }
+    let Some(offset) = table::inline_offset(e.index() as usize) else {
+        return false;
+    };
+    match table::lookup_fast(offset as usize, e.instance()) {
+        Some(c) => c.push(p),
+        None => false,
     }
 }
 
@@ -312,7 +350,12 @@ pub(crate) fn alloc(e: &Arc<Engine>) -> Option<NonNull<u8>> {
     if let Some(pc) = e.percpu() {
         let area = rseq::thread_area();
         if !area.is_null() {
-            return alloc_cpu_slow(e, pc, area);
+            if rseq::fence::disabled().is_none() {
+                return alloc_cpu_slow(e, pc, area);
+            }
+            // Per-CPU caches are off for good: this CPU's goes to the depot, and a thread
+            // cache serves from now on.
+            e.cpu_retire_here(pc, area);
         }
     }
     match cache_or_register(e) {
@@ -356,8 +399,12 @@ pub(crate) unsafe fn free(e: &Arc<Engine>, p: NonNull<u8>) {
     if let Some(pc) = e.percpu() {
         let area = rseq::thread_area();
         if !area.is_null() {
-            // SAFETY: forwarded.
-            return unsafe { free_cpu_slow(e, pc, area, p) };
+            if rseq::fence::disabled().is_none() {
+                // SAFETY: forwarded.
+                return unsafe { free_cpu_slow(e, pc, area, p) };
+            }
+            // As in `alloc`.
+            e.cpu_retire_here(pc, area);
         }
     }
     match cache_or_register(e) {

@@ -178,7 +178,7 @@ impl Engine {
         // Per-CPU caches where they can work (and the allocator is not capped: permits
         // are counted per thread cache); per-thread caches otherwise.
         let percpu = match mode {
-            CacheMode::PerCpu if !capped => PerCpu::new(capacity),
+            CacheMode::PerCpu if !capped => PerCpu::new(),
             _ => None,
         };
         let mode = match mode {
@@ -233,8 +233,15 @@ impl Engine {
         self.instance
     }
 
+    /// The caching mode in effect: per-CPU caches fall back to thread caches, for good,
+    /// once a `membarrier` fence has failed (see `rseq::fence`).
     pub(crate) fn mode(&self) -> CacheMode {
-        self.mode
+        match self.mode {
+            CacheMode::PerCpu if super::rseq::fence::disabled().is_some() => {
+                CacheMode::ThreadCaches
+            }
+            mode => mode,
+        }
     }
 
     /// Whether `Config::max_live` caps the allocator.

@@ -170,6 +170,39 @@ impl fmt::Display for Stats {
     }
 }
 
+/// How per-CPU caches stand in this process (`CacheMode::PerCpu`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct PerCpuStatus {
+    /// Whether per-CPU caches work here: Linux on x86-64 with restartable sequences and
+    /// `membarrier`, not turned off by `PROXALLOC_PERCPU=off`, and no fence failed for
+    /// good.
+    pub available: bool,
+    /// `membarrier` fences (another thread's reclaim of a CPU's cache) that failed, each
+    /// leaving that CPU's magazines where they were; the first that registering again did
+    /// not mend turned per-CPU caches off.
+    pub fence_failures: u64,
+    /// Why per-CPU caches are off for the rest of the process, if a fence failed for
+    /// good: per-CPU allocators use per-thread caches since (and `mode()` says so).
+    pub disabled: Option<String>,
+}
+
+/// How per-CPU caches stand in this process; [`dump`] prints it when a fence failed.
+///
+/// ```
+/// let s = proxalloc::stats::percpu_status();
+/// assert_eq!(s.fence_failures, 0);
+/// assert!(s.disabled.is_none());
+/// ```
+pub fn percpu_status() -> PerCpuStatus {
+    let disabled = crate::core::rseq::fence::disabled();
+    PerCpuStatus {
+        available: disabled.is_none() && crate::core::rseq::available(),
+        fence_failures: crate::core::rseq::fence::failures(),
+        disabled: disabled.map(|e| e.to_string()),
+    }
+}
+
 /// Stats of every allocator in the process that has been used and not dropped, in the
 /// order they were first used.
 ///

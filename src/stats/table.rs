@@ -252,7 +252,25 @@ pub fn table_since(base: &Snapshot) -> Table {
 /// proxalloc::stats::dump(&mut std::io::stderr()).unwrap();
 /// ```
 pub fn dump(w: &mut impl io::Write) -> io::Result<()> {
-    table().write(w)
+    table().write(w)?;
+    percpu_note(w)
+}
+
+/// After a dump's table: a line on per-CPU caches, where a `membarrier` fence failed
+/// (see [`super::percpu_status`]); nothing otherwise.
+fn percpu_note(w: &mut impl io::Write) -> io::Result<()> {
+    let s = super::percpu_status();
+    match (&s.disabled, s.fence_failures) {
+        (Some(why), n) => writeln!(
+            w,
+            "note: per-CPU caches are off: {why} ({n} fence failures); per-CPU allocators use per-thread caches"
+        ),
+        (None, 0) => Ok(()),
+        (None, n) => writeln!(
+            w,
+            "note: {n} membarrier fences failed and were retried after registering again; per-CPU caches work"
+        ),
+    }
 }
 
 /// Like [`dump`], but every number is the change since `base` (allocators created since
@@ -271,5 +289,6 @@ pub fn dump(w: &mut impl io::Write) -> io::Result<()> {
 /// assert_eq!(row.split_whitespace().nth(6), Some("10"));
 /// ```
 pub fn dump_since(base: &Snapshot, w: &mut impl io::Write) -> io::Result<()> {
-    table_since(base).write(w)
+    table_since(base).write(w)?;
+    percpu_note(w)
 }

@@ -1,0 +1,400 @@
+//! Whether per-CPU caches can work in this process, and each thread's rseq area: glibc's
+//! (2.35 and later register one in every thread they start), or one registered here where
+//! glibc registers none.
+
+use std::cell::{Cell, UnsafeCell};
+use std::ffi::{c_char, c_long, c_void};
+// std atomics, not the `sync` facade's: this module is compiled out under loom.
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+use super::super::Thread;
+
+/// Every rseq area of the process is registered with this signature (glibc's), and the
+/// four bytes before each abort handler must match it.
+pub(super) const RSEQ_SIG: u32 = 0x5305_3053;
+pub(super) const SYS_RSEQ: c_long = 334;
+
+/// The name of the environment variable that turns per-CPU caches off when set to `0`,
+/// `off`, `false` or `no` (read once, at the first per-CPU allocator's first use): for
+/// ThreadSanitizer, which cannot see the hand-off between threads on one CPU, and for
+/// debuggers (single-stepping inside a sequence restarts it forever).
+pub(crate) const PERCPU_ENV: &str = "PROXALLOC_PERCPU";
+
+extern "C" {
+    pub(super) fn syscall(number: c_long, ...) -> c_long;
+    fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
+}
+
+/// The kernel's `struct rseq`, for an area registered here.
+#[repr(C, align(32))]
+pub(super) struct Area {
+    pub(super) cpu_id_start: u32,
+    pub(super) cpu_id: u32,
+    pub(super) rseq_cs: u64,
+    pub(super) flags: u32,
+    pub(super) node_id: u32,
+    pub(super) mm_cid: u32,
+    pub(super) _reserved: u32,
+}
+
+impl Area {
+    /// An area the kernel has not registered (its `cpu_id` is -1 until it does).
+    pub(super) const UNREGISTERED: Area = Area {
+        cpu_id_start: 0,
+        cpu_id: u32::MAX,
+        rseq_cs: 0,
+        flags: 0,
+        node_id: 0,
+        mm_cid: 0,
+        _reserved: 0,
+    };
+}
+
+std::thread_local! {
+    /// This thread's area and the CPU it last ran on, as the fast paths read them: the
+    /// area is null until the thread's first per-CPU slow path sets it up (and stays null
+    /// where rseq cannot be used here).
+    static THREAD: Cell<Thread> = const {
+        Cell::new(Thread { area: std::ptr::null_mut(), cpu: 0 })
+    };
+    /// Set when this thread's area could not be set up: it is not tried again (a failed
+    /// registration is a system call, and a thread whose rseq belongs to someone else,
+    /// another allocator's own registration, say, would otherwise make one at every slow
+    /// path of every per-CPU allocator).
+    static NO_AREA: Cell<bool> = const { Cell::new(false) };
+    /// The area registered for this thread when glibc registered none. The kernel writes
+    /// it on every return to user space; nothing here makes a reference to it.
+    static OWN_AREA: UnsafeCell<Area> = const {
+        UnsafeCell::new(Area::UNREGISTERED)
+    };
+}
+
+/// How this process uses rseq, decided once.
+const UNKNOWN: u8 = 0;
+const GLIBC: u8 = 1;
+const OWN: u8 = 2;
+const UNAVAILABLE: u8 = 3;
+static MODE: AtomicU8 = AtomicU8::new(UNKNOWN);
+/// glibc's `__rseq_offset`: its area's distance from the thread pointer.
+static GLIBC_OFFSET: AtomicU64 = AtomicU64::new(0);
+/// The number of CPU numbers the kernel may report (see [`ncpu`]), once known.
+static NCPU: AtomicU32 = AtomicU32::new(0);
+/// System calls made to register [`OWN_AREA`] (all threads), for tests.
+#[cfg(test)]
+pub(crate) static REGISTRATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether per-CPU caches can work in this process: glibc registers its threads' rseq
+/// areas, or this crate can register its own, `membarrier` can fence a CPU's sequences
+/// (for another thread's reclaim), and [`PERCPU_ENV`] does not turn them off. Decided
+/// once, by the first call (see `detect`); every later call, on any thread, gets that
+/// answer. A thread that cannot get an area then uses per-thread caches ([`thread_area`]
+/// is null there). A fence that fails later turns them off again ([`super::fence`]).
+pub(crate) fn available() -> bool {
+    let mode = match MODE.load(Ordering::Acquire) {
+        UNKNOWN => {
+            let mode = detect();
+            // The first answer stored is everyone's (racing first calls may differ where
+            // their threads' rseq does, see `detect`).
+            match MODE.compare_exchange(UNKNOWN, mode, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => mode,
+                Err(first) => first,
+            }
+        }
+        mode => mode,
+    };
+    mode != UNAVAILABLE
+}
+
+fn detect() -> u8 {
+    let off = std::env::var_os(PERCPU_ENV).and_then(|v| v.into_string().ok());
+    if let Some(v) = off {
+        if matches!(
+            v.to_ascii_lowercase().as_str(),
+            "0" | "off" | "false" | "no"
+        ) {
+            return UNAVAILABLE;
+        }
+    }
+    if !super::fence::register() {
+        return UNAVAILABLE;
+    }
+    if ncpu() == 0 {
+        return UNAVAILABLE;
+    }
+    if let Some(offset) = glibc_offset() {
+        // glibc registers every thread it starts (and zeroes `__rseq_size` when it
+        // cannot), whatever this thread's own state.
+        GLIBC_OFFSET.store(offset as u64, Ordering::Relaxed);
+        return GLIBC;
+    }
+    // No glibc areas: this crate registers its own, and the first thread to ask tries.
+    // Where it is refused, someone else registers areas (a statically linked glibc, whose
+    // symbols `dlsym` cannot see, or another allocator's own), most likely for every
+    // thread: per-CPU caches stay off for the process, since a per-CPU allocator's
+    // threads without an area use per-thread caches (and `mode()` would say `PerCpu` for
+    // what are thread caches everywhere).
+    if register_own() {
+        OWN
+    } else {
+        UNAVAILABLE
+    }
+}
+
+/// The number of CPU numbers the kernel may report: one past the highest possible CPU
+/// (`/sys/devices/system/cpu/possible`, e.g. `0-63`), or the parallelism std sees. Every
+/// per-CPU allocator has this many caches, and a thread keeps a CPU number only below it.
+pub(crate) fn ncpu() -> u32 {
+    let n = NCPU.load(Ordering::Relaxed);
+    if n != 0 {
+        return n;
+    }
+    let n = std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|s| {
+            s.trim()
+                .split(',')
+                .filter_map(|r| r.rsplit('-').next()?.parse::<u32>().ok())
+                .max()
+        })
+        .map(|max| max.saturating_add(1))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32))
+        // CPU numbers in the sequences are shifted into a byte offset of a `usize`.
+        .min(1 << 24);
+    // Every caller computes the same number; the first store is as good as any.
+    NCPU.store(n, Ordering::Relaxed);
+    n
+}
+
+/// glibc's `__rseq_offset` if glibc registers rseq areas (`__rseq_size != 0`).
+fn glibc_offset() -> Option<isize> {
+    // SAFETY: dlsym with RTLD_DEFAULT (null) and NUL-terminated names; the symbols, where
+    // they exist, are glibc's `const unsigned int __rseq_size` and
+    // `const ptrdiff_t __rseq_offset`, set before any thread runs.
+    unsafe {
+        let size = dlsym(std::ptr::null_mut(), c"__rseq_size".as_ptr()).cast::<u32>();
+        let offset = dlsym(std::ptr::null_mut(), c"__rseq_offset".as_ptr()).cast::<isize>();
+        (!size.is_null() && !offset.is_null() && size.read() != 0).then(|| offset.read())
+    }
+}
+
+/// The thread pointer (`fs:[0]` holds the TCB's own address on glibc and musl).
+#[inline(always)]
+fn thread_pointer() -> usize {
+    let tp: usize;
+    // SAFETY: reads the TCB's self pointer; no side effects.
+    unsafe {
+        core::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags));
+    }
+    tp
+}
+
+fn glibc_area(offset: isize) -> *mut u8 {
+    (thread_pointer() as isize + offset) as *mut u8
+}
+
+/// The `cpu_id` of the area at `area`: a CPU number, or -1 / -2 (as `u32`) where the
+/// area is not registered.
+///
+/// # Safety
+/// `area` is this thread's rseq area.
+pub(crate) unsafe fn cpu_id(area: *mut u8) -> u32 {
+    // SAFETY: per the contract; the kernel writes the field, so it is read volatile.
+    unsafe { area.add(4).cast::<u32>().read_volatile() }
+}
+
+/// Whether the area at `area` is registered (its `cpu_id` is a CPU, not -1 or -2).
+///
+/// # Safety
+/// As for [`cpu_id`].
+unsafe fn registered(area: *mut u8) -> bool {
+    // SAFETY: forwarded.
+    (unsafe { cpu_id(area) } as i32) >= 0
+}
+
+/// Registers [`OWN_AREA`] for this thread; true when the kernel has it (registered now,
+/// or before: `detect` registers the first thread's, and the kernel refuses a second
+/// registration of the same area).
+fn register_own() -> bool {
+    OWN_AREA
+        .try_with(|a| {
+            let area = a.get();
+            // SAFETY: this thread's own area; the kernel keeps `cpu_id` current once the
+            // area is registered (and it is -1 until then).
+            if unsafe { registered(area.cast()) } {
+                return true;
+            }
+            #[cfg(test)]
+            REGISTRATIONS.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: a 32-byte, 32-aligned area that lives until the thread exits
+            // (static TLS with no destructor), registered with glibc's signature.
+            let r = unsafe { syscall(SYS_RSEQ, area, 32u32, 0, RSEQ_SIG) };
+            // SAFETY: as above; the kernel fills `cpu_id` on success.
+            r == 0 && unsafe { registered(area.cast()) }
+        })
+        .unwrap_or(false)
+}
+
+/// This thread's area, set up on first use (with the CPU it runs on now); null where
+/// rseq cannot be used (the process-wide mode says so, the thread's registration failed,
+/// or its thread-locals are being destroyed).
+pub(crate) fn thread_area() -> *mut u8 {
+    let area = thread().area;
+    if !area.is_null() || NO_AREA.try_with(Cell::get).unwrap_or(true) {
+        return area;
+    }
+    let area = match MODE.load(Ordering::Acquire) {
+        GLIBC => {
+            let a = glibc_area(GLIBC_OFFSET.load(Ordering::Relaxed) as isize);
+            // SAFETY: this thread's glibc area.
+            if unsafe { registered(a) } {
+                a
+            } else {
+                std::ptr::null_mut()
+            }
+        }
+        OWN if register_own() => OWN_AREA
+            .try_with(|a| a.get().cast::<u8>())
+            .unwrap_or(std::ptr::null_mut()),
+        _ => std::ptr::null_mut(),
+    };
+    // SAFETY: this thread's area (registered, if not null).
+    let cpu = if area.is_null() {
+        0
+    } else {
+        unsafe { cpu_id(area) }
+    };
+    if area.is_null() || cpu >= ncpu() {
+        let _ = NO_AREA.try_with(|c| c.set(true));
+        return std::ptr::null_mut();
+    }
+    let _ = THREAD.try_with(|c| c.set(Thread { area, cpu }));
+    area
+}
+
+/// The calling thread's area and the CPU it last ran on, as the fast paths read them:
+/// one thread-local load (no liveness check: the thread-local has no destructor).
+#[inline(always)]
+pub(crate) fn thread() -> Thread {
+    THREAD.try_with(Cell::get).unwrap_or(Thread {
+        area: std::ptr::null_mut(),
+        cpu: 0,
+    })
+}
+
+/// Keeps `cpu` as the CPU this thread runs on (a slow path found it so; below [`ncpu`]).
+pub(crate) fn set_cpu(cpu: u32) {
+    debug_assert!(cpu < ncpu());
+    let _ = THREAD.try_with(|c| {
+        let mut t = c.get();
+        if !t.area.is_null() {
+            t.cpu = cpu;
+            c.set(t);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Set in the child process of
+    /// `without_glibcs_areas_our_own_serve_and_a_refused_one_is_asked_for_once`.
+    const OWN_AREA_CHILD: &str = "PROXALLOC_TEST_OWN_AREA_CHILD";
+
+    /// The child's side: glibc registers no area (its tunable says so), so this process
+    /// registers its own, and the detecting thread must be able to use it; a thread whose
+    /// rseq is someone else's is refused once and not asked for again, and an allocator
+    /// first used there is still per-CPU for the others.
+    #[test]
+    #[ignore = "run in a child process by its parent test"]
+    fn own_areas_child() {
+        if std::env::var_os(OWN_AREA_CHILD).is_none() {
+            return;
+        }
+        if glibc_offset().is_some() {
+            println!("glibc registers areas despite its tunable: nothing to test");
+            return;
+        }
+        use crate::{CacheMode, ClassAllocator, Config};
+        // The first thread to ask registers its own area, which decides for the process.
+        assert!(
+            available(),
+            "rseq works here (the parent checked): our own area must"
+        );
+        assert!(!thread_area().is_null(), "this thread's own area");
+        let a = std::sync::Arc::new(ClassAllocator::<u64>::with_config(
+            "own-areas",
+            Config::new().mode(CacheMode::PerCpu),
+        ));
+        let on_foreign = a.clone();
+        std::thread::spawn(move || {
+            std::thread_local! {
+                static FOREIGN: UnsafeCell<Area> = const {
+                    UnsafeCell::new(Area::UNREGISTERED)
+                };
+            }
+            // Another library's registration, as tcmalloc makes where glibc makes none.
+            // SAFETY: a 32-byte, 32-aligned area living until the thread exits.
+            let r = FOREIGN.with(|a| unsafe { syscall(SYS_RSEQ, a.get(), 32u32, 0, RSEQ_SIG) });
+            assert_eq!(r, 0, "the foreign registration");
+            let registrations = REGISTRATIONS.load(Ordering::Relaxed);
+            assert!(available(), "decided for the process, not for this thread");
+            // The allocator's first use (its engine is built on this thread, which has
+            // no area) and this thread's operations, in a per-thread cache.
+            drop((0..1000).map(|i| on_foreign.alloc(i)).collect::<Vec<_>>());
+            assert_eq!(on_foreign.mode(), CacheMode::PerCpu);
+            assert_eq!(on_foreign.stats().threads, 1, "this thread's own cache");
+            // Which serves it from then on: a round of operations takes nothing from the
+            // depot or the backing allocator, and makes no slow path's refill.
+            let before = on_foreign.stats();
+            drop((0..100).map(|i| on_foreign.alloc(i)).collect::<Vec<_>>());
+            let after = on_foreign.stats();
+            assert_eq!(
+                (after.backing_allocs, after.refills),
+                (before.backing_allocs, before.refills),
+                "the thread cache serves a thread without an area: {after}"
+            );
+            for _ in 0..100 {
+                assert!(thread_area().is_null());
+            }
+            let asked = REGISTRATIONS.load(Ordering::Relaxed) - registrations;
+            assert_eq!(asked, 1, "asked for once");
+        })
+        .join()
+        .unwrap();
+        drop((0..1000).map(|i| a.alloc(i)).collect::<Vec<_>>());
+        // A thread with an area makes no thread cache of a per-CPU allocator (the
+        // foreign thread's went at its exit): the CPU caches serve it.
+        let s = a.stats();
+        assert_eq!(s.threads, 0, "{s}");
+        assert!(s.is_consistent() && s.live == 0 && s.allocs == 2100, "{s}");
+        println!("own areas: checked");
+    }
+
+    #[test]
+    fn without_glibcs_areas_our_own_serve_and_a_refused_one_is_asked_for_once() {
+        if !available() {
+            eprintln!("rseq unavailable here: nothing to test");
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "core::rseq::platform::area::tests::own_areas_child",
+            ])
+            .args(["--include-ignored", "--nocapture", "--test-threads=1"])
+            .env("GLIBC_TUNABLES", "glibc.pthread.rseq=0")
+            .env(OWN_AREA_CHILD, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success()
+                && (stdout.contains("own areas: checked")
+                    || stdout.contains("glibc registers areas")),
+            "child: {}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
