@@ -103,5 +103,6 @@ for name in "${!seeds[@]}"; do
     for _ in $(seq 1 "$runs"); do
         test_once "$work/$name" || caught=$((caught + 1))
     done
-    echo "$name: caught in $caught of $runs runs ($(grep -m1 -oE "panicked at [^ ]+|SIGSEGV|signal: [0-9]+" "$work/$name.log" || echo '?'))"
+    why=$(grep -m1 -E "assertion|double free|signal: [0-9]+" "$work/$name.log" | cut -c1-160 || true)
+    echo "$name: caught in $caught of $runs runs (${why:-see $work/$name.log})"
 done

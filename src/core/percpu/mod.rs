@@ -485,6 +485,10 @@ impl Engine {
             return evictions;
         }
         self.spare_to_depot(pc, &mut evictions);
+        if rseq::fence::disabled().is_some() {
+            // No fence works: each CPU's cache goes to the depot at its next slow path.
+            return evictions;
+        }
         for (cpu, cache) in pc.caches.iter().enumerate() {
             match stop(cache, cpu as u32, self.depot.capacity()) {
                 Stop::Held(h) => self.empty_held(h, &mut evictions),
