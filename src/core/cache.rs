@@ -193,7 +193,7 @@ impl Hints {
 /// moved to another CPU, or the magazine is empty (see `rseq`).
 #[inline(always)]
 fn cpu_pop(base: usize) -> Option<NonNull<u8>> {
-    let t = rseq::thread();
+    let t = table::rseq_thread();
     if t.area.is_null() {
         return None;
     }
@@ -210,7 +210,7 @@ fn cpu_pop(base: usize) -> Option<NonNull<u8>> {
 /// `p` is an object of the engine whose caches are at `base` that nobody uses any more.
 #[inline(always)]
 unsafe fn cpu_push(base: usize, p: NonNull<u8>) -> bool {
-    let t = rseq::thread();
+    let t = table::rseq_thread();
     if t.area.is_null() {
         return false;
     }
@@ -348,7 +348,7 @@ pub(crate) fn alloc(e: &Arc<Engine>) -> Option<NonNull<u8>> {
         return alloc_capped(e);
     }
     if let Some(pc) = e.percpu() {
-        let area = rseq::thread_area();
+        let area = cpu_area();
         if !area.is_null() {
             if rseq::fence::disabled().is_none() {
                 return alloc_cpu_slow(e, pc, area);
@@ -363,6 +363,16 @@ pub(crate) fn alloc(e: &Arc<Engine>) -> Option<NonNull<u8>> {
         Some(c) => unsafe { alloc_from(e, c) },
         None => e.alloc_backing(),
     }
+}
+
+/// This thread's rseq area, set up on its first per-CPU slow path, and handed to the
+/// fast paths' copy in the thread table (null where the thread cannot have one).
+fn cpu_area() -> *mut u8 {
+    let area = rseq::thread_area();
+    if !area.is_null() && table::rseq_thread().area.is_null() {
+        table::set_rseq_thread(rseq::thread());
+    }
+    area
 }
 
 /// A per-CPU allocation that the fast path could not serve (see [`Engine::cpu_alloc`]).
@@ -397,7 +407,7 @@ pub(crate) unsafe fn free(e: &Arc<Engine>, p: NonNull<u8>) {
         return unsafe { free_capped(e, p) };
     }
     if let Some(pc) = e.percpu() {
-        let area = rseq::thread_area();
+        let area = cpu_area();
         if !area.is_null() {
             if rseq::fence::disabled().is_none() {
                 // SAFETY: forwarded.
