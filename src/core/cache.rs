@@ -191,6 +191,7 @@ impl Hints {
 /// A per-CPU allocator's fast path, for the caches at `base`: this CPU's loaded
 /// magazine popped, or `None` (nothing changed) when the thread has no rseq area, has
 /// moved to another CPU, or the magazine is empty (see `rseq`).
+#[cold]
 #[inline(never)]
 fn cpu_pop(base: usize) -> Option<NonNull<u8>> {
     let t = table::rseq_thread();
@@ -208,6 +209,7 @@ fn cpu_pop(base: usize) -> Option<NonNull<u8>> {
 ///
 /// # Safety
 /// `p` is an object of the engine whose caches are at `base` that nobody uses any more.
+#[cold]
 #[inline(never)]
 unsafe fn cpu_push(base: usize, p: NonNull<u8>) -> bool {
     let t = table::rseq_thread();
