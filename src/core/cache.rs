@@ -194,7 +194,7 @@ impl Hints {
 #[cold]
 #[inline(never)]
 fn cpu_pop(base: usize) -> Option<NonNull<u8>> {
-    let t = table::rseq_thread();
+    let t = rseq::thread();
     if t.area.is_null() {
         return None;
     }
@@ -212,7 +212,7 @@ fn cpu_pop(base: usize) -> Option<NonNull<u8>> {
 #[cold]
 #[inline(never)]
 unsafe fn cpu_push(base: usize, p: NonNull<u8>) -> bool {
-    let t = table::rseq_thread();
+    let t = rseq::thread();
     if t.area.is_null() {
         return false;
     }
@@ -350,7 +350,7 @@ pub(crate) fn alloc(e: &Arc<Engine>) -> Option<NonNull<u8>> {
         return alloc_capped(e);
     }
     if let Some(pc) = e.percpu() {
-        let area = cpu_area();
+        let area = rseq::thread_area();
         if !area.is_null() {
             if rseq::fence::disabled().is_none() {
                 return alloc_cpu_slow(e, pc, area);
@@ -365,16 +365,6 @@ pub(crate) fn alloc(e: &Arc<Engine>) -> Option<NonNull<u8>> {
         Some(c) => unsafe { alloc_from(e, c) },
         None => e.alloc_backing(),
     }
-}
-
-/// This thread's rseq area, set up on its first per-CPU slow path, and handed to the
-/// fast paths' copy in the thread table (null where the thread cannot have one).
-fn cpu_area() -> *mut u8 {
-    let area = rseq::thread_area();
-    if !area.is_null() && table::rseq_thread().area.is_null() {
-        table::set_rseq_thread(rseq::thread());
-    }
-    area
 }
 
 /// A per-CPU allocation that the fast path could not serve (see [`Engine::cpu_alloc`]).
@@ -409,7 +399,7 @@ pub(crate) unsafe fn free(e: &Arc<Engine>, p: NonNull<u8>) {
         return unsafe { free_capped(e, p) };
     }
     if let Some(pc) = e.percpu() {
-        let area = cpu_area();
+        let area = rseq::thread_area();
         if !area.is_null() {
             if rseq::fence::disabled().is_none() {
                 // SAFETY: forwarded.

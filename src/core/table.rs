@@ -8,7 +8,6 @@ use std::ptr;
 use super::engine::{Engine, Evictions};
 use super::ids::EMPTY;
 use super::thread_cache::{self, Owner, OwnerKey, ThreadCache};
-use super::rseq;
 use crate::sync::{self, Arc};
 
 /// Allocators whose index is below this keep this thread's cache inline in the
@@ -127,15 +126,8 @@ fn try_box<T>(value: T) -> Option<*mut T> {
 ///
 /// Methods that borrow `rest` or a cache's owner part run no user code: what needs it
 /// comes back as [`Garbage`], released after the borrow ends.
-#[repr(C)]
 struct Table {
     fast: UnsafeCell<[ThreadCache; INLINE_CACHES]>,
-    /// This thread's rseq area and CPU as the per-CPU fast paths read them
-    /// ([`rseq_thread`]): right after the inline caches, so that both kinds of fast path
-    /// address everything from one register holding the table's address (kept as
-    /// a thread-local of its own, its address took a second register, and allocation
-    /// loops of per-thread allocators paid for it in stack reloads).
-    rseq: Cell<rseq::Thread>,
     /// The first [`DIRECT_BOXED`] boxed caches (null where none), as in `Rest::more`:
     /// set when a box is made, cleared at teardown before the boxes are freed.
     boxed: [Cell<*mut ThreadCache>; DIRECT_BOXED],
@@ -217,10 +209,6 @@ impl Table {
     const fn with_caches(fast: [ThreadCache; INLINE_CACHES]) -> Self {
         Table {
             fast: UnsafeCell::new(fast),
-            rseq: Cell::new(rseq::Thread {
-                area: ptr::null_mut(),
-                cpu: 0,
-            }),
             boxed: [const { Cell::new(ptr::null_mut()) }; DIRECT_BOXED],
             rest: Cell::new(ptr::null_mut()),
             torn_down: Cell::new(false),
@@ -615,34 +603,6 @@ pub(crate) fn lookup_fast(offset: usize, instance: u64) -> Option<Owner<'static>
         })
         .ok()
         .flatten()
-}
-
-/// Where [`Table::rseq`] is, in bytes from the inline caches.
-const RSEQ_OFFSET: usize = std::mem::offset_of!(Table, rseq) - std::mem::offset_of!(Table, fast);
-
-/// This thread's rseq area and CPU, for the per-CPU fast paths (a null area: none set
-/// up, or thread-local storage is gone). Read from the table's address as the per-thread
-/// lookup reads its caches ([`lookup_fast`]), so the two share that register.
-#[inline(always)]
-pub(crate) fn rseq_thread() -> rseq::Thread {
-    LOCAL
-        .try_with(|table| {
-            let base = sync::relaxed::opaque(table.fast());
-            // SAFETY: `RSEQ_OFFSET` from the inline caches is `table.rseq`, this thread's;
-            // a copy is read, and no reference to it is live (it is set only by
-            // `set_rseq_thread`, on this thread, outside any read).
-            unsafe { base.byte_add(RSEQ_OFFSET).cast::<rseq::Thread>().read() }
-        })
-        .unwrap_or(rseq::Thread {
-            area: ptr::null_mut(),
-            cpu: 0,
-        })
-}
-
-/// Keeps `t` as this thread's rseq area and CPU for the per-CPU fast paths (what
-/// `rseq::thread` says after a slow path set it up or found the thread moved).
-pub(crate) fn set_rseq_thread(t: rseq::Thread) {
-    let _ = LOCAL.try_with(|table| table.rseq.set(t));
 }
 
 #[cold]

@@ -332,7 +332,6 @@ impl Engine {
         // SAFETY: this thread's registered area; `pc` is this engine's live caches.
         let (cpu, word) = unsafe { rseq::detach(area, pc.base(), pc.ncpu()) }?;
         rseq::set_cpu(cpu);
-        super::table::set_rseq_thread(rseq::thread());
         // SAFETY: detached by this thread; the magazines are this engine's.
         Some(unsafe { Held::new(&pc.caches[cpu as usize], word, self.depot.capacity()) })
     }
