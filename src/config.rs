@@ -93,6 +93,7 @@ pub struct Config {
     pub(crate) depot_bytes: usize,
     pub(crate) thread_cache_bytes: usize,
     pub(crate) thread_cache_growth_bytes: usize,
+    pub(crate) cpu_cache_bytes: usize,
     pub(crate) max_live: usize,
     pub(crate) mode: CacheMode,
     pub(crate) generation_bits: u32,
@@ -111,16 +112,45 @@ pub struct Config {
 pub const MAX_MAGAZINE_SIZE: usize = 1024;
 
 impl Config {
-    /// Default objects per magazine: 128, where the thread cache's byte bound
+    /// Default objects per magazine of an allocator with per-thread caches: 128, where
+    /// the thread cache's byte bound
     /// ([`DEFAULT_THREAD_CACHE_BYTES`](Self::DEFAULT_THREAD_CACHE_BYTES)) allows it, that
     /// is for objects of up to 64 bytes; larger objects get fewer (32 of 256 bytes).
+    /// [`magazine_size`](Self::magazine_size) sets one size for every mode instead of each
+    /// mode's default.
+    ///
+    /// ```
+    /// use proxalloc::{ClassAllocator, Config};
+    /// assert_eq!(Config::DEFAULT_MAGAZINE_SIZE, 128);
+    /// static SMALL: ClassAllocator<u64> = ClassAllocator::new("doc-default-magazine");
+    /// drop((0..300).map(|i| SMALL.alloc(i)).collect::<Vec<_>>());
+    /// assert!(SMALL.stats().cached_in_threads <= 2 * 128); // two magazines, where per-thread
+    /// ```
+    pub const DEFAULT_MAGAZINE_SIZE: usize = 128;
+    /// Default objects per magazine of an allocator with per-CPU caches: 512, where the CPU
+    /// cache's byte bound ([`DEFAULT_CPU_CACHE_BYTES`](Self::DEFAULT_CPU_CACHE_BYTES))
+    /// allows it, that is for objects of up to 128 bytes. Per-CPU caches are few (one per
+    /// CPU, not per thread), so they can afford larger magazines, and with no stash to
+    /// grow into, a batch of objects larger than two magazines would go through the shared
+    /// depot.
     ///
     /// ```
     /// use proxalloc::Config;
-    /// assert_eq!(Config::DEFAULT_MAGAZINE_SIZE, 128);
-    /// assert_eq!(Config::new(), Config::new().magazine_size(Config::DEFAULT_MAGAZINE_SIZE));
+    /// assert_eq!(Config::DEFAULT_CPU_MAGAZINE_SIZE, 512);
     /// ```
-    pub const DEFAULT_MAGAZINE_SIZE: usize = 128;
+    pub const DEFAULT_CPU_MAGAZINE_SIZE: usize = 512;
+    /// Default bound on bytes of free objects one CPU caches for one allocator in its
+    /// loaded and previous magazines (per-CPU caches).
+    ///
+    /// ```
+    /// use proxalloc::Config;
+    /// assert_eq!(Config::DEFAULT_CPU_CACHE_BYTES, 128 << 10); // 128 KiB
+    /// assert_eq!(
+    ///     Config::new(),
+    ///     Config::new().cpu_cache_bytes(Config::DEFAULT_CPU_CACHE_BYTES),
+    /// );
+    /// ```
+    pub const DEFAULT_CPU_CACHE_BYTES: usize = 128 << 10;
     /// Default budget for bytes of free objects held in the depot (per allocator).
     ///
     /// ```
@@ -155,8 +185,11 @@ impl Config {
     /// ```
     pub const DEFAULT_THREAD_CACHE_GROWTH_BYTES: usize = 1 << 20;
 
-    /// The defaults: 128-object magazines
-    /// ([`DEFAULT_MAGAZINE_SIZE`](Self::DEFAULT_MAGAZINE_SIZE)), a 2 MiB depot budget
+    /// The defaults: 128-object magazines for per-thread caches
+    /// ([`DEFAULT_MAGAZINE_SIZE`](Self::DEFAULT_MAGAZINE_SIZE)) and 512-object ones for
+    /// per-CPU caches ([`DEFAULT_CPU_MAGAZINE_SIZE`](Self::DEFAULT_CPU_MAGAZINE_SIZE),
+    /// under a 128 KiB bound per CPU: [`DEFAULT_CPU_CACHE_BYTES`](Self::DEFAULT_CPU_CACHE_BYTES)),
+    /// a 2 MiB depot budget
     /// ([`DEFAULT_DEPOT_BYTES`](Self::DEFAULT_DEPOT_BYTES)), a 16 KiB bound on a thread
     /// cache's two magazines ([`DEFAULT_THREAD_CACHE_BYTES`](Self::DEFAULT_THREAD_CACHE_BYTES)),
     /// which may grow by up to 1 MiB more under the process-wide budget
@@ -172,10 +205,12 @@ impl Config {
     /// ```
     pub const fn new() -> Self {
         Config {
-            magazine_size: Self::DEFAULT_MAGAZINE_SIZE,
+            // 0: each mode's default (see `magazine_capacity`).
+            magazine_size: 0,
             depot_bytes: Self::DEFAULT_DEPOT_BYTES,
             thread_cache_bytes: Self::DEFAULT_THREAD_CACHE_BYTES,
             thread_cache_growth_bytes: Self::DEFAULT_THREAD_CACHE_GROWTH_BYTES,
+            cpu_cache_bytes: Self::DEFAULT_CPU_CACHE_BYTES,
             max_live: usize::MAX,
             mode: CacheMode::ThreadCaches,
             // As wide as the depot's head allows (it clamps).
@@ -183,9 +218,11 @@ impl Config {
         }
     }
 
-    /// Objects per magazine (clamped to `1..=MAX_MAGAZINE_SIZE`). Each trip to the depot
-    /// moves this many objects, so larger magazines mean fewer shared operations and more
-    /// memory held per thread.
+    /// Objects per magazine (clamped to `1..=MAX_MAGAZINE_SIZE`), in every mode, in place
+    /// of each mode's default ([`DEFAULT_MAGAZINE_SIZE`](Self::DEFAULT_MAGAZINE_SIZE),
+    /// [`DEFAULT_CPU_MAGAZINE_SIZE`](Self::DEFAULT_CPU_MAGAZINE_SIZE)). Each trip to the
+    /// depot moves this many objects, so larger magazines mean fewer shared operations
+    /// and more memory held per thread (or CPU).
     ///
     /// ```
     /// use proxalloc::{ClassAllocator, Config};
@@ -274,6 +311,28 @@ impl Config {
         self
     }
 
+    /// Bound on the bytes of free objects one CPU caches for the allocator (in its two
+    /// magazines), where it has per-CPU caches: as
+    /// [`thread_cache_bytes`](Self::thread_cache_bytes) is for a thread's, it shrinks the
+    /// magazine for large objects, never below one object.
+    ///
+    /// ```
+    /// use proxalloc::{CacheMode, ClassAllocator, Config};
+    /// // 4 KiB objects under a 16 KiB bound: magazines of two objects.
+    /// static PAGES: ClassAllocator<[u8; 4096]> = ClassAllocator::with_config(
+    ///     "doc-config-cpu-bytes",
+    ///     Config::new().mode(CacheMode::PerCpu).cpu_cache_bytes(16 << 10),
+    /// );
+    /// drop((0..10).map(|_| PAGES.alloc([0; 4096])).collect::<Vec<_>>());
+    /// // Where per-CPU caches run, each CPU keeps at most two magazines of two.
+    /// # let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    /// assert!(PAGES.stats().cached_in_threads <= 4 * cpus.max(2));
+    /// ```
+    pub const fn cpu_cache_bytes(mut self, bytes: usize) -> Self {
+        self.cpu_cache_bytes = bytes;
+        self
+    }
+
     /// A cap on live objects: once `n` objects of the allocator are in users' hands,
     /// `try_alloc` returns [`AllocError`](crate::AllocError) (and `alloc` fails like an
     /// allocation failure) until one is freed. Exact across threads: each thread draws
@@ -324,16 +383,27 @@ impl Config {
         self
     }
 
-    /// Objects per magazine for objects of `size` bytes, under both bounds.
-    pub(crate) fn magazine_capacity(&self, size: usize) -> usize {
+    /// Objects per magazine for objects of `size` bytes, under both bounds, for an
+    /// allocator whose caches are per CPU (`per_cpu`: the mode asked for them, and they
+    /// work here) or per thread.
+    pub(crate) fn magazine_capacity(&self, size: usize, per_cpu: bool) -> usize {
+        let (default, bytes) = if per_cpu {
+            (Self::DEFAULT_CPU_MAGAZINE_SIZE, self.cpu_cache_bytes)
+        } else {
+            (Self::DEFAULT_MAGAZINE_SIZE, self.thread_cache_bytes)
+        };
         match self.mode {
             CacheMode::DepotOnly => 1,
             CacheMode::ThreadCaches | CacheMode::PerCpu | CacheMode::Bypass => {
                 let by_bytes = match size {
                     0 => usize::MAX,
-                    s => self.thread_cache_bytes / (2 * s),
+                    s => bytes / (2 * s),
                 };
-                self.magazine_size.min(by_bytes).max(1)
+                let objects = match self.magazine_size {
+                    0 => default,
+                    n => n,
+                };
+                objects.min(by_bytes).max(1)
             }
         }
     }

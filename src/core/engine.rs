@@ -173,7 +173,6 @@ impl Engine {
         } else {
             config.mode
         };
-        let capacity = config.magazine_capacity(layout.size());
         let capped = config.max_live != usize::MAX;
         // Per-CPU caches where they can work (and the allocator is not capped: permits
         // are counted per thread cache); per-thread caches otherwise.
@@ -181,6 +180,7 @@ impl Engine {
             CacheMode::PerCpu if !capped => PerCpu::new(),
             _ => None,
         };
+        let capacity = config.magazine_capacity(layout.size(), percpu.is_some());
         let mode = match mode {
             CacheMode::PerCpu if percpu.is_none() => CacheMode::ThreadCaches,
             mode => mode,
