@@ -41,7 +41,7 @@ use crate::sync::{self, const_fn, Arc};
 ///   end's out-of-line [`Hints::boxed_alloc`] and [`Hints::boxed_free`] find the boxed
 ///   cache.
 /// - a per-CPU allocator's: [`PERCPU`] in the offset, and in place of the instance the
-///   address of its CPU caches ([`PerCpu::base`]): its fast paths run the CPU's sequence
+///   address of its CPU caches ([`PerCpu::base`]): its fast paths go to the CPU's sequence
 ///   first, with no thread-cache lookup ([`Hints::alloc`]). A thread without an rseq area
 ///   uses a thread cache instead, out of line ([`alloc_percpu_fallback`]).
 #[derive(Debug)]
@@ -191,8 +191,12 @@ impl Hints {
 /// A per-CPU allocator's fast path, for the caches at `base`: this CPU's loaded
 /// magazine popped, or `None` (nothing changed) when the thread has no rseq area, has
 /// moved to another CPU, or the magazine is empty (see `rseq`).
-#[cold]
-#[inline(never)]
+///
+/// A call, and `#[cold]`: inlined beside the per-thread lookup at every allocation site,
+/// the sequence made per-CPU operations as fast as per-thread ones but per-thread
+/// allocators' callers slower, since every caller then carried both paths (measured:
+/// `docs/benchmarks.md#per-cpu-fast-path-placements`); a call the caller believes hot
+/// makes it save registers on the per-thread path too.
 fn cpu_pop(base: usize) -> Option<NonNull<u8>> {
     let t = rseq::thread();
     if t.area.is_null() {
