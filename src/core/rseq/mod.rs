@@ -5,7 +5,7 @@
 //! sequence that checks the current CPU number, works on that CPU's data and ends with
 //! one store (the *commit*) runs as if it owned the CPU, with no atomic instruction.
 //!
-//! - [`area`]: whether per-CPU caches can work in this process (decided once), and each
+//! - `area`: whether per-CPU caches can work in this process (decided once), and each
 //!   thread's rseq area and the CPU number it last ran on ([`thread`]).
 //! - `x86_64`: the three sequences the caches use ([`pop`], [`push`], [`detach`]), and in
 //!   test builds the injection points between their instructions.
@@ -96,6 +96,20 @@ pub(crate) struct Thread {
     pub(crate) cpu: u32,
 }
 
+/// A fence (or a registration for fences) that failed: the `errno` it failed with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FenceFailed(pub(crate) i32);
+
+impl std::fmt::Display for FenceFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "membarrier failed: {}",
+            std::io::Error::from_raw_os_error(self.0)
+        )
+    }
+}
+
 #[cfg(all(
     target_os = "linux",
     target_arch = "x86_64",
@@ -143,7 +157,7 @@ pub(crate) use platform::{
     not(proxalloc_loom)
 )))]
 mod unsupported {
-    use super::Thread;
+    use super::{FenceFailed, Thread};
 
     /// Never, here.
     pub(crate) fn available() -> bool {
@@ -171,10 +185,6 @@ mod unsupported {
 
     /// Nothing to keep here.
     pub(crate) fn set_cpu(_cpu: u32) {}
-
-    /// A fence that failed (see the Linux version); never made here.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub(crate) struct FenceFailed(pub(crate) i32);
 
     /// Never a CPU to fence here.
     pub(crate) fn fence_cpu(_cpu: u32) -> Result<(), FenceFailed> {

@@ -19,6 +19,7 @@
 use std::ffi::c_long;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
+use super::super::FenceFailed;
 use super::area::syscall;
 
 const SYS_MEMBARRIER: c_long = 324;
@@ -26,20 +27,6 @@ const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: c_long = 1 << 7;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: c_long = 1 << 8;
 const MEMBARRIER_CMD_FLAG_CPU: c_long = 1;
 const ENXIO: i32 = 6;
-
-/// A fence (or a registration for fences) that failed: the `errno` it failed with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct FenceFailed(pub(crate) i32);
-
-impl std::fmt::Display for FenceFailed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "membarrier failed: {}",
-            std::io::Error::from_raw_os_error(self.0)
-        )
-    }
-}
 
 /// Fences that failed (each counted, whatever followed).
 static FAILURES: AtomicU64 = AtomicU64::new(0);
