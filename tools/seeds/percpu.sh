@@ -7,7 +7,8 @@
 # The seeds: a pop's commit before its last load; an abort handler that restarts
 # without arming again; a reclaim without the fence; the capacity read before the
 # sequence; a push that stores its slot after its commit. The unseeded tree must pass.
-# Prints one line per seed: caught in N of RUNS runs.
+# Prints one line per seed: caught in N of RUNS runs; fails unless every seed is caught
+# in every run. CI runs it once per seed.
 set -euo pipefail
 runs=${1:-3}
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
@@ -96,6 +97,7 @@ copy() { # NAME -> a fresh copy of the tree at $work/NAME
 copy clean
 test_once "$work/clean" || { echo "the unseeded tree fails the test: $work/clean.log"; exit 1; }
 echo "unseeded: passes"
+missed=0
 for name in "${!seeds[@]}"; do
     copy "$name"
     (cd "$work/$name" && python3 -c "${seeds[$name]}")
@@ -105,4 +107,6 @@ for name in "${!seeds[@]}"; do
     done
     why=$(grep -m1 -E "assertion|double free|signal: [0-9]+" "$work/$name.log" | cut -c1-160 || true)
     echo "$name: caught in $caught of $runs runs (${why:-see $work/$name.log})"
+    [ "$caught" = "$runs" ] || missed=1
 done
+exit $missed
