@@ -437,7 +437,8 @@ impl<T> ClassAllocator<T> {
     /// not run). The next allocation on this thread makes a new cache. A
     /// [`CacheMode::PerCpu`] allocator's caches belong to CPUs, not threads: this
     /// releases only a per-thread cache the thread may have (if it could not use rseq),
-    /// and [`trim`](Self::trim) takes every CPU's.
+    /// and [`trim`](Self::trim) takes every CPU's (every CPU's that no slow path holds at
+    /// that moment, while `membarrier` fences work: see `stats::percpu_status`).
     ///
     /// ```
     /// use proxalloc::ClassAllocator;

@@ -294,7 +294,7 @@ impl Engine {
             spills: n.spills,
             overflows: n.overflows,
             threads,
-            mode: self.mode,
+            mode: self.mode(),
         }
     }
 }

@@ -197,6 +197,8 @@ impl Hints {
 /// allocators' callers slower, since every caller then carried both paths (measured:
 /// `docs/benchmarks.md#per-cpu-fast-path-placements`); a call the caller believes hot
 /// makes it save registers on the per-thread path too.
+#[cold]
+#[inline(never)]
 fn cpu_pop(base: usize) -> Option<NonNull<u8>> {
     let t = rseq::thread();
     if t.area.is_null() {

@@ -176,11 +176,12 @@ impl fmt::Display for Stats {
 pub struct PerCpuStatus {
     /// Whether per-CPU caches work here: Linux on x86-64 with restartable sequences and
     /// `membarrier`, not turned off by `PROXALLOC_PERCPU=off`, and no fence failed for
-    /// good.
+    /// good. False also before the first per-CPU allocator's first use, which decides.
     pub available: bool,
-    /// `membarrier` fences (another thread's reclaim of a CPU's cache) that failed, each
-    /// leaving that CPU's magazines where they were; the first that registering again did
-    /// not mend turned per-CPU caches off.
+    /// `membarrier` fences (another thread's reclaim of a CPU's cache) that failed in
+    /// this process, retries included. A reclaim whose fence failed and whose retry after
+    /// registering again failed too left that CPU's magazines where they were and turned
+    /// per-CPU caches off; a retry that worked went on as if nothing had failed.
     pub fence_failures: u64,
     /// Why per-CPU caches are off for the rest of the process, if a fence failed for
     /// good: per-CPU allocators use per-thread caches since (and `mode()` says so).
@@ -197,7 +198,9 @@ pub struct PerCpuStatus {
 pub fn percpu_status() -> PerCpuStatus {
     let disabled = crate::core::rseq::fence::disabled();
     PerCpuStatus {
-        available: disabled.is_none() && crate::core::rseq::available(),
+        // Not decided yet (no per-CPU allocator used): asked without deciding, which
+        // could register this thread's rseq area.
+        available: disabled.is_none() && crate::core::rseq::decided().unwrap_or(false),
         fence_failures: crate::core::rseq::fence::failures(),
         disabled: disabled.map(|e| e.to_string()),
     }

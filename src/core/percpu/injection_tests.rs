@@ -304,6 +304,15 @@ fn every_sequence_survives_an_abort_and_another_thread_at_each_instruction() {
         return;
     }
     hooks::RECORD.store(true, Ordering::SeqCst);
+    /// Fences are made again after the test, even if it fails.
+    struct Unrecord;
+    impl Drop for Unrecord {
+        fn drop(&mut self) {
+            hooks::RECORD.store(false, Ordering::SeqCst);
+            inject::disarm();
+        }
+    }
+    let _unrecord = Unrecord;
     let unarmed = inject::unarmed();
     // Per operation and action: the points met, and how many of them aborted.
     let mut report: BTreeMap<(Op, Action), (u32, u32, Vec<u32>)> = BTreeMap::new();
@@ -335,7 +344,6 @@ fn every_sequence_survives_an_abort_and_another_thread_at_each_instruction() {
             n += 1;
         }
     }
-    hooks::RECORD.store(false, Ordering::SeqCst);
     assert_eq!(inject::unarmed(), unarmed, "a sequence ran unarmed");
     println!("injection points per operation and action: points met, inside, aborted at:");
     for ((op, action), (points, inside, aborted)) in &report {

@@ -18,12 +18,14 @@
 //!   that read the old word before the CAS may still commit until the fence aborts it,
 //!   so after the fence the reclaimer reads the word again, and owns the cache only if
 //!   it is still exactly its own; otherwise it starts over from the committed word.
-//!   Commits always change the count, so no stale commit can rewrite the same word. If
+//!   Fast paths' commits always change the count, so no stale commit can rewrite the
+//!   same word; a detach's does not, but it commits `DETACHED`, which no reclaimer's
+//!   word is, and a retire commits `RETIRED`, which none is either. If
 //!   the fence fails, the reclaimer puts the word back (unless a commit already did) and
-//!   leaves the magazines where they are (see [`rseq::fence`]). A cache left STOPPED
-//!   with nothing loaded is *retired*: after a fence failed for good, each CPU's cache
-//!   is retired at the next slow path on that CPU, and the allocator's threads use
-//!   per-thread caches from then on.
+//!   leaves the magazines where they are (see [`rseq::fence`]).
+//! - [`rseq::RETIRED`]: after a fence failed for good, each CPU's cache is retired at the
+//!   next slow path on that CPU (its magazines to the depot), and the allocator's threads
+//!   use per-thread caches from then on. Nobody touches a retired cache again.
 //!
 //! # When the cache is busy
 //! A slow path that finds its CPU's cache held (by another thread's slow path, or a
@@ -280,10 +282,12 @@ impl<'p> Held<'p> {
         self.publish(len);
     }
 
-    /// Gives the cache back retired: nothing loaded, its word [`rseq::STOPPED`] for good.
+    /// Gives the cache back retired: nothing loaded, its word [`rseq::RETIRED`] for good (a
+    /// state of its own, so that no reclaimer's `STOPPED` word can ever equal it: a detach
+    /// and a retire change no count).
     fn retire(self) {
         debug_assert!(self.loaded.is_none() && self.previous.is_none());
-        self.publish(rseq::STOPPED);
+        self.publish(rseq::RETIRED);
     }
 }
 
@@ -330,7 +334,15 @@ impl Engine {
     /// holds or reclaims it, or it is retired.
     fn cpu_detach<'p>(&self, pc: &'p PerCpu, area: *mut u8) -> Option<Held<'p>> {
         // SAFETY: this thread's registered area; `pc` is this engine's live caches.
-        let (cpu, word) = unsafe { rseq::detach(area, pc.base(), pc.ncpu()) }?;
+        let Some((cpu, word)) = (unsafe { rseq::detach(area, pc.base(), pc.ncpu()) }) else {
+            // Busy (or retired): the thread still keeps the CPU it runs on, so that its
+            // fast paths try that CPU's cache next, not the one it left.
+            // SAFETY: as above.
+            if let Some(cpu) = unsafe { rseq::current_cpu(area) } {
+                rseq::set_cpu(cpu);
+            }
+            return None;
+        };
         rseq::set_cpu(cpu);
         // SAFETY: detached by this thread; the magazines are this engine's.
         Some(unsafe { Held::new(&pc.caches[cpu as usize], word, self.depot.capacity()) })
@@ -473,8 +485,9 @@ impl Engine {
     /// Takes every CPU's magazines from any thread (`trim`, `trim_all`): stops each CPU's
     /// cache, fences the CPU, and hands both magazines to the depot (whose trim then
     /// releases them), and the spare magazine too. A CPU whose cache a slow path holds is
-    /// skipped, and so is one whose fence fails (its magazines stay where they are: see
-    /// [`rseq::fence`]): their magazines come back with a later trim. Returns the
+    /// skipped (its magazines come back with a later trim), and so is every CPU once a
+    /// fence fails (their magazines stay where they are: see [`rseq::fence`]; after a
+    /// failure for good, each goes to the depot at its CPU's next slow path). Returns the
     /// evictions to release.
     pub(crate) fn cpu_reclaim(&self, pc: &PerCpu) -> Evictions {
         let mut evictions = Evictions::default();

@@ -23,10 +23,10 @@
 //! slot array, and at [`CAP`] the capacity (`u32`) the fast paths may fill it to, 0 when no
 //! magazine is loaded. The word holds the loaded magazine's length in its low 16 bits and
 //! a count of operations above them: a pop commits `word - 1 + ONE_OP`, a push
-//! `word + 1 + ONE_OP`. Lengths from [`STOPPED`] up are not lengths but states in which
-//! both fast paths fail (a length is never above the capacity, and a state always is):
-//! [`STOPPED`] (another thread is reclaiming the CPU's magazines) and [`DETACHED`] (a
-//! thread's slow path holds them). The operation count lets the caches count
+//! `word + 1 + ONE_OP`. Lengths from [`RETIRED`] up are not lengths but states in which
+//! every sequence fails (a length is never above the capacity, and a state always is):
+//! [`RETIRED`] (the cache is out of use for good), [`STOPPED`] (another thread is
+//! reclaiming the CPU's magazines) and [`DETACHED`] (a thread's slow path holds them). The operation count lets the caches count
 //! allocations and frees exactly without a second store.
 //!
 //! # Finding it
@@ -49,9 +49,12 @@ pub(crate) static TEST_SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 pub(crate) const LEN_MASK: u64 = 0xffff;
 /// One operation, in a word's count.
 pub(crate) const ONE_OP: u64 = 1 << 16;
+/// The CPU's cache holds nothing and never will again: per-CPU caches were turned off
+/// after a fence failed (see [`fence`]). States are the lengths from here up; magazines
+/// hold at most `MAX_MAGAZINE_SIZE` objects, far below.
+pub(crate) const RETIRED: u64 = 0xfffd;
 /// Another thread is taking the CPU's magazines (`trim`): a slow path that finds it
-/// goes around the CPU's cache. States are the lengths from here up; magazines hold at
-/// most `MAX_MAGAZINE_SIZE` objects, far below.
+/// goes around the CPU's cache.
 pub(crate) const STOPPED: u64 = 0xfffe;
 /// A thread's slow path holds the CPU's magazines.
 pub(crate) const DETACHED: u64 = 0xffff;
@@ -84,7 +87,7 @@ pub(crate) const fn ops(word: u64) -> u64 {
 /// Whether a word holds a state rather than a length.
 #[inline(always)]
 pub(crate) const fn is_state(word: u64) -> bool {
-    len(word) >= STOPPED
+    len(word) >= RETIRED
 }
 
 /// What the fast paths need of the calling thread: its rseq area (null where the thread
@@ -131,7 +134,7 @@ mod platform {
     not(proxalloc_loom)
 ))]
 pub(crate) use platform::{
-    area::{available, ncpu, set_cpu, thread, thread_area},
+    area::{available, current_cpu, decided, ncpu, set_cpu, thread, thread_area},
     fence::{self, fence_cpu},
     x86_64::{detach, pop, push},
 };
@@ -164,6 +167,11 @@ mod unsupported {
         false
     }
 
+    /// Decided: never.
+    pub(crate) fn decided() -> Option<bool> {
+        Some(false)
+    }
+
     /// No CPUs here.
     pub(crate) fn ncpu() -> u32 {
         0
@@ -185,6 +193,11 @@ mod unsupported {
 
     /// Nothing to keep here.
     pub(crate) fn set_cpu(_cpu: u32) {}
+
+    /// Never called (no area).
+    pub(crate) unsafe fn current_cpu(_area: *mut u8) -> Option<u32> {
+        None
+    }
 
     /// Never a CPU to fence here.
     pub(crate) fn fence_cpu(_cpu: u32) -> Result<(), FenceFailed> {

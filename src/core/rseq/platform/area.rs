@@ -105,6 +105,15 @@ pub(crate) fn available() -> bool {
     mode != UNAVAILABLE
 }
 
+/// [`available`]'s answer if it has been decided, without deciding it (which may
+/// register this thread's rseq area): for stats, which must not change the process.
+pub(crate) fn decided() -> Option<bool> {
+    match MODE.load(Ordering::Acquire) {
+        UNKNOWN => None,
+        mode => Some(mode != UNAVAILABLE),
+    }
+}
+
 fn detect() -> u8 {
     let off = std::env::var_os(PERCPU_ENV).and_then(|v| v.into_string().ok());
     if let Some(v) = off {
@@ -160,9 +169,13 @@ pub(crate) fn ncpu() -> u32 {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32))
         // CPU numbers in the sequences are shifted into a byte offset of a `usize`.
         .min(1 << 24);
-    // Every caller computes the same number; the first store is as good as any.
-    NCPU.store(n, Ordering::Relaxed);
-    n
+    // Racing first callers may compute different numbers (a read of sysfs that fails
+    // for one): the first stored is everyone's, since every engine's cache array and
+    // every thread's CPU number are checked against it.
+    match NCPU.compare_exchange(0, n.max(1), Ordering::Relaxed, Ordering::Relaxed) {
+        Ok(_) => n.max(1),
+        Err(first) => first,
+    }
 }
 
 /// glibc's `__rseq_offset` if glibc registers rseq areas (`__rseq_size != 0`).
@@ -279,6 +292,17 @@ pub(crate) fn thread() -> Thread {
         area: std::ptr::null_mut(),
         cpu: 0,
     })
+}
+
+/// The CPU the thread whose area is `area` runs on, as its area says now (outside any
+/// sequence: a hint), if it is one a thread may keep (below [`ncpu`]).
+///
+/// # Safety
+/// `area` is this thread's rseq area (or a test's fake one).
+pub(crate) unsafe fn current_cpu(area: *mut u8) -> Option<u32> {
+    // SAFETY: forwarded.
+    let cpu = unsafe { cpu_id(area) };
+    (cpu < ncpu()).then_some(cpu)
 }
 
 /// Keeps `cpu` as the CPU this thread runs on (a slow path found it so; below [`ncpu`]).

@@ -13,7 +13,8 @@
 //! then made again and the fence retried once; if that fails too, per-CPU caches are off
 //! for the rest of the process ([`disabled`]): allocators made later get per-thread
 //! caches, existing per-CPU allocators hand each CPU's magazines to their depot at the
-//! next slow path on that CPU and use per-thread caches from then on, and the stats dump
+//! next slow path on that CPU and use per-thread caches from then on (until then, that
+//! CPU's threads go on using its cache, and a trim cannot take it), and the stats dump
 //! says why.
 
 use std::ffi::c_long;
@@ -28,7 +29,7 @@ const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: c_long = 1 << 8;
 const MEMBARRIER_CMD_FLAG_CPU: c_long = 1;
 const ENXIO: i32 = 6;
 
-/// Fences that failed (each counted, whatever followed).
+/// Fences that failed (each attempt counted, a retry's too).
 static FAILURES: AtomicU64 = AtomicU64::new(0);
 /// 0 while per-CPU caches are on; the `errno` of the fence that turned them off after.
 static DISABLED: AtomicI32 = AtomicI32::new(0);
@@ -98,8 +99,13 @@ pub(crate) fn fence_cpu(cpu: u32) -> Result<(), FenceFailed> {
         return Ok(());
     };
     FAILURES.fetch_add(1, Ordering::Relaxed);
-    if register() && fence_once(cpu).is_ok() {
-        return Ok(());
+    if register() {
+        match fence_once(cpu) {
+            Ok(()) => return Ok(()),
+            Err(_) => {
+                FAILURES.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
     // The first failure that could not be mended turns per-CPU caches off; later ones
     // keep its `errno`.
@@ -115,7 +121,7 @@ pub(crate) fn disabled() -> Option<FenceFailed> {
     }
 }
 
-/// Fences that failed in this process (including those a second registration mended).
+/// Fences that failed in this process (each attempt, a retry's too).
 pub(crate) fn failures() -> u64 {
     FAILURES.load(Ordering::Relaxed)
 }

@@ -289,8 +289,8 @@ pub(crate) unsafe fn push(area: *mut u8, cpu: u32, cache: usize, p: *mut u8) -> 
 
 /// Takes the running CPU's cache for this thread's slow path: if its word holds a length,
 /// commits it as [`DETACHED`](crate::core::rseq::DETACHED) (its count kept) and returns
-/// `(cpu, the word before)`; `None` if another thread holds or reclaims it, or the area is
-/// not registered. The caller then owns the CPU's magazines until it stores a new word.
+/// `(cpu, the word before)`; `None` if another thread holds or reclaims it, it is
+/// retired, or the area is not registered. The caller then owns the CPU's magazines until it stores a new word.
 /// The CPU number is read inside the sequence (`base + (cpu << 6)` is the cache).
 ///
 /// # Safety
@@ -312,7 +312,7 @@ pub(crate) unsafe fn detach(area: *mut u8, base: usize, ncpu: u32) -> Option<(u3
                 "add {c}, {base}",
                 "mov {w}, qword ptr [{c}]",
                 "movzx {t:e}, {w:x}",
-                "cmp {t:e}, 0xfffe",
+                "cmp {t:e}, 0xfffd",
                 "jae 9f",
                 "mov {t}, {w}",
                 "or {t}, 0xffff",
@@ -337,7 +337,8 @@ pub(crate) unsafe fn detach(area: *mut u8, base: usize, ncpu: u32) -> Option<(u3
 // The sequences address a cache's word at 0, its slot array at 8 and its capacity at 16,
 // and CPU `n`'s cache at `base + (n << 6)`.
 const _: () = {
-    use crate::core::rseq::{CACHE_SHIFT, CAP, DETACHED, SLOTS, STOPPED, WORD};
+    use crate::core::rseq::{CACHE_SHIFT, CAP, DETACHED, RETIRED, SLOTS, STOPPED, WORD};
     assert!(WORD == 0 && SLOTS == 8 && CAP == 16 && CACHE_SHIFT == 6);
-    assert!(STOPPED == 0xfffe && DETACHED == 0xffff);
+    // `detach` refuses every state: from `RETIRED` up.
+    assert!(RETIRED == 0xfffd && STOPPED == 0xfffe && DETACHED == 0xffff);
 };
