@@ -40,17 +40,19 @@ impl<T> ClassAllocator<T> {
         Ok(p.cast())
     }
 
-    /// The inline fast path missed: a boxed cache's fast path (an allocator past the
-    /// thread table's inline caches: `Hints::boxed_alloc`), or a per-CPU allocator's
-    /// thread cache on a thread without an rseq area (`cache::alloc_percpu_fallback`),
-    /// else the slow path. Out of line, but small, so that such an allocation costs one
+    /// The inline fast path missed: a per-CPU allocator's sequence (`Hints::cpu_alloc`),
+    /// then its thread cache on a thread without an rseq area
+    /// (`cache::alloc_percpu_fallback`); or a boxed cache's fast path (an allocator past
+    /// the thread table's inline caches: `Hints::boxed_alloc`); else the slow path. Out of line, but small, so that such an allocation costs one
     /// short call. (`#[cold]` for the inline fast path's sake: a call the caller believes
     /// hot makes it save registers.)
     #[cold]
     #[inline(never)]
     fn alloc_miss(&self) -> Result<NonNull<T>, AllocError> {
         let p = if self.hints.per_cpu() {
-            cache::alloc_percpu_fallback(self.engine())
+            self.hints
+                .cpu_alloc()
+                .or_else(|| cache::alloc_percpu_fallback(self.engine()))
         } else {
             self.hints.boxed_alloc()
         };
@@ -131,7 +133,7 @@ impl<T> ClassAllocator<T> {
         // SAFETY: forwarded from the caller.
         unsafe {
             let taken = if self.hints.per_cpu() {
-                cache::free_percpu_fallback(self.engine(), p)
+                self.hints.cpu_free(p) || cache::free_percpu_fallback(self.engine(), p)
             } else {
                 self.hints.boxed_free(p)
             };

@@ -142,7 +142,8 @@ impl Hints {
     pub(crate) fn alloc(&self) -> Option<NonNull<u8>> {
         let (offset, instance) = self.offset_and_instance();
         if offset & PERCPU != 0 {
-            return cpu_pop(instance as usize);
+            // The front end's miss path runs the CPU's sequence first (`cpu_alloc`).
+            return None;
         }
         Self::owner(offset, instance)?.pop()
     }
@@ -156,8 +157,8 @@ impl Hints {
     pub(crate) unsafe fn free(&self, p: NonNull<u8>) -> bool {
         let (offset, instance) = self.offset_and_instance();
         if offset & PERCPU != 0 {
-            // SAFETY: forwarded.
-            return unsafe { cpu_push(instance as usize, p) };
+            // As in `alloc`: the miss path's `cpu_free`.
+            return false;
         }
         match Self::owner(offset, instance) {
             Some(c) => c.push(p),
@@ -188,17 +189,46 @@ impl Hints {
     }
 }
 
+impl Hints {
+    /// A per-CPU allocator's fast path (the front end's miss path runs it first): an
+    /// object from this CPU's loaded magazine, or `None` (nothing changed; always for
+    /// other allocators) when the thread has no rseq area, has moved, or the magazine is
+    /// empty.
+    #[inline(always)]
+    pub(crate) fn cpu_alloc(&self) -> Option<NonNull<u8>> {
+        let (offset, instance) = self.offset_and_instance();
+        if offset & PERCPU == 0 {
+            return None;
+        }
+        cpu_pop(instance as usize)
+    }
+
+    /// The free of [`cpu_alloc`](Self::cpu_alloc): false (nothing changed) when the slow
+    /// path must run.
+    ///
+    /// # Safety
+    /// As for [`free`](Self::free).
+    #[inline(always)]
+    pub(crate) unsafe fn cpu_free(&self, p: NonNull<u8>) -> bool {
+        let (offset, instance) = self.offset_and_instance();
+        if offset & PERCPU == 0 {
+            return false;
+        }
+        // SAFETY: forwarded.
+        unsafe { cpu_push(instance as usize, p) }
+    }
+}
+
 /// A per-CPU allocator's fast path, for the caches at `base`: this CPU's loaded
 /// magazine popped, or `None` (nothing changed) when the thread has no rseq area, has
 /// moved to another CPU, or the magazine is empty (see `rseq`).
 ///
-/// A call, and `#[cold]`: inlined beside the per-thread lookup at every allocation site,
-/// the sequence made per-CPU operations as fast as per-thread ones but per-thread
-/// allocators' callers slower, since every caller then carried both paths (measured:
-/// `docs/benchmarks.md#per-cpu-fast-path-placements`); a call the caller believes hot
-/// makes it save registers on the per-thread path too.
-#[cold]
-#[inline(never)]
+/// Run by the front end's `#[cold]` miss path, which the inline fast path reaches for a
+/// per-CPU allocator after one test of its hints: inlined beside the per-thread lookup
+/// at every allocation site, the sequence made per-CPU operations as fast as per-thread
+/// ones but per-thread allocators' callers slower, since every caller then carried both
+/// paths (measured: `docs/benchmarks.md#per-cpu-fast-path-placements`).
+#[inline(always)]
 fn cpu_pop(base: usize) -> Option<NonNull<u8>> {
     let t = rseq::thread();
     if t.area.is_null() {
@@ -215,8 +245,7 @@ fn cpu_pop(base: usize) -> Option<NonNull<u8>> {
 ///
 /// # Safety
 /// `p` is an object of the engine whose caches are at `base` that nobody uses any more.
-#[cold]
-#[inline(never)]
+#[inline(always)]
 unsafe fn cpu_push(base: usize, p: NonNull<u8>) -> bool {
     let t = rseq::thread();
     if t.area.is_null() {
