@@ -41,22 +41,14 @@ impl<T> ClassAllocator<T> {
     }
 
     /// The inline fast path missed: a per-CPU allocator's sequence (`Hints::cpu_alloc`),
-    /// then its thread cache on a thread without an rseq area
-    /// (`cache::alloc_percpu_fallback`); or a boxed cache's fast path (an allocator past
-    /// the thread table's inline caches: `Hints::boxed_alloc`); else the slow path. Out of line, but small, so that such an allocation costs one
-    /// short call. (`#[cold]` for the inline fast path's sake: a call the caller believes
-    /// hot makes it save registers.)
+    /// then a boxed cache's fast path (an allocator past the thread table's inline
+    /// caches: `Hints::boxed_alloc`), else the slow path. Out of line, but small, so
+    /// that such an allocation costs one short call. (`#[cold]` for the inline fast
+    /// path's sake: a call the caller believes hot makes it save registers.)
     #[cold]
     #[inline(never)]
     fn alloc_miss(&self) -> Result<NonNull<T>, AllocError> {
-        let p = if self.hints.per_cpu() {
-            self.hints
-                .cpu_alloc()
-                .or_else(|| cache::alloc_percpu_fallback(self.engine()))
-        } else {
-            self.hints.boxed_alloc()
-        };
-        match p {
+        match self.hints.cpu_alloc().or_else(|| self.hints.boxed_alloc()) {
             Some(p) => {
                 self.on_alloc(p);
                 Ok(p.cast())
@@ -122,8 +114,8 @@ impl<T> ClassAllocator<T> {
         unsafe { cache::free(&self.engine_arc(), p) }
     }
 
-    /// The inline fast path of a free missed: a boxed cache's, or a per-CPU allocator's
-    /// thread cache (see [`alloc_miss`](Self::alloc_miss)), else the slow path.
+    /// The inline fast path of a free missed: a per-CPU allocator's sequence, then a
+    /// boxed cache's (see [`alloc_miss`](Self::alloc_miss)), else the slow path.
     ///
     /// # Safety
     /// As for `free_raw`.
@@ -132,12 +124,7 @@ impl<T> ClassAllocator<T> {
     unsafe fn free_miss(&self, p: NonNull<u8>) {
         // SAFETY: forwarded from the caller.
         unsafe {
-            let taken = if self.hints.per_cpu() {
-                self.hints.cpu_free(p) || cache::free_percpu_fallback(self.engine(), p)
-            } else {
-                self.hints.boxed_free(p)
-            };
-            if !taken {
+            if !(self.hints.cpu_free(p) || self.hints.boxed_free(p)) {
                 self.free_raw_slow(p)
             }
         }

@@ -33,30 +33,31 @@ use crate::sync::{self, const_fn, Arc};
 /// even under loom: nothing is published through them): until they are set they match
 /// no cache, and a mismatch takes the slow path, which uses the engine's own numbers.
 ///
-/// Two words, read together by one assembly block (see [`Hints::offset_and_instance`]):
-/// - a per-thread allocator's: the byte offset of its inline cache in a thread's table,
-///   and its instance number ([`table::lookup_fast`]). An allocator whose caches are boxed
-///   (an index past the inline ones) keeps its instance and an offset past the inline
-///   block ([`table::hint_offset`]): the inline lookup masks it and misses, and the front
-///   end's out-of-line [`Hints::boxed_alloc`] and [`Hints::boxed_free`] find the boxed
-///   cache.
-/// - a per-CPU allocator's: [`PERCPU`] in the offset, and in place of the instance the
-///   address of its CPU caches ([`PerCpu::base`]): its fast paths go to the CPU's sequence
-///   first, with no thread-cache lookup ([`Hints::alloc`]). A thread without an rseq area
-///   uses a thread cache instead, out of line ([`alloc_percpu_fallback`]).
+/// The first two words are read together by one assembly block on every allocation and
+/// free ([`Hints::offset_and_instance`]): the byte offset of the allocator's inline cache
+/// in a thread's table and its instance number ([`table::lookup_fast`]). An allocator
+/// whose caches are boxed (an index past the inline ones) keeps its instance and an
+/// offset past the inline block ([`table::hint_offset`]): the inline lookup masks it and
+/// misses, and the front end's out-of-line [`Hints::boxed_alloc`] and
+/// [`Hints::boxed_free`] find the boxed cache.
+///
+/// A per-CPU allocator's hints carry the same two words, and in a third the address of
+/// its CPU caches ([`PerCpu::base`]), read only out of line: a thread with an rseq area
+/// never has a thread cache of it, so the inline lookup misses there and the front end's
+/// miss path runs the CPU's sequence ([`Hints::cpu_alloc`]); a thread without an area uses
+/// a thread cache, which the inline lookup serves as any allocator's. (Testing a flag in
+/// the hints instead, to skip the lookup, cost per-thread allocators' callers more than
+/// the lookup costs per-CPU ones: `docs/benchmarks.md#per-cpu-fast-path-placements`.)
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Hints {
     /// The cache's byte offset in a thread's table, or past its inline block for boxed
-    /// caches (see [`table::hint_offset`]), or [`PERCPU`].
+    /// caches (see [`table::hint_offset`]).
     offset: sync::process::AtomicU32,
-    /// The engine's instance number, or a per-CPU engine's [`PerCpu::base`].
     instance: sync::process::AtomicU64,
+    /// A per-CPU engine's [`PerCpu::base`] (0 for other engines).
+    cpus: sync::process::AtomicU64,
 }
-
-/// The offset hint of a per-CPU allocator: a bit no table offset has (they stay below
-/// `u32::MAX / 2`: see [`table::hint_offset`]).
-pub(crate) const PERCPU: usize = 1 << 31;
 
 impl Hints {
     const_fn! {
@@ -66,6 +67,7 @@ impl Hints {
             Hints {
                 offset: sync::process::AtomicU32::new(0),
                 instance: sync::process::AtomicU64::new(u64::MAX),
+                cpus: sync::process::AtomicU64::new(0),
             }
         }
     }
@@ -76,15 +78,9 @@ impl Hints {
     pub(crate) fn set(&self, engine: &Engine, capped: bool) {
         use crate::sync::Ordering;
         if let Some(pc) = engine.percpu() {
-            // The address first, then the flag: a fast path reads the offset before the
-            // instance (one block, two loads in order, which x86-64 keeps in order, as it
-            // keeps these two stores: the one architecture with per-CPU caches), so one
-            // that sees the flag sees the address. Release: the caches, written before,
-            // are visible to a thread that reads it; the fast paths then reach them
-            // through it (an address dependency).
-            self.instance.store(pc.base() as u64, Ordering::Release);
-            self.offset.store(PERCPU as u32, Ordering::Release);
-            return;
+            // Release, paired with `cpus`'s Acquire: the caches, written before, are
+            // visible to a thread that reads the address.
+            self.cpus.store(pc.base() as u64, Ordering::Release);
         }
         let Some(offset) = table::hint_offset(engine.index() as usize) else {
             return;
@@ -99,9 +95,17 @@ impl Hints {
         }
     }
 
+    /// A per-CPU engine's caches' address, 0 for other engines. Read only out of line
+    /// (the miss path), so an ordinary atomic load: Acquire, a plain `mov` on x86-64.
+    #[inline(always)]
+    fn cpus(&self) -> usize {
+        self.cpus.load(sync::Ordering::Acquire) as usize
+    }
+
     /// This thread's inline cache, if it has one (see [`table::lookup_fast`]).
     #[inline(always)]
-    fn owner(offset: usize, instance: u64) -> Option<Owner<'static>> {
+    fn owner(&self) -> Option<Owner<'static>> {
+        let (offset, instance) = self.offset_and_instance();
         table::lookup_fast(offset, instance)
     }
 
@@ -110,14 +114,10 @@ impl Hints {
     #[inline(always)]
     fn boxed_owner(&self) -> Option<Owner<'static>> {
         let (offset, instance) = self.offset_and_instance();
-        if offset & PERCPU != 0 {
-            return None;
-        }
         table::lookup_boxed(offset, instance)
     }
 
-    /// The offset and instance hints, read as the fast paths read them: the offset
-    /// first.
+    /// The offset and instance hints, read as the fast paths read them.
     #[inline(always)]
     pub(crate) fn offset_and_instance(&self) -> (usize, u64) {
         // Not `load(Relaxed)`: see `sync::relaxed` (an atomic here would make every
@@ -128,39 +128,22 @@ impl Hints {
         unsafe { sync::relaxed::load_u32_u64::<OFFSET, INSTANCE>(std::ptr::from_ref(self).cast()) }
     }
 
-    /// Whether the hints are a per-CPU allocator's.
-    #[inline(always)]
-    pub(crate) fn per_cpu(&self) -> bool {
-        self.offset_and_instance().0 & PERCPU != 0
-    }
-
-    /// The fast path of an allocation: an object from this thread's loaded magazine (or,
-    /// for a per-CPU allocator, this CPU's), or `None` (with nothing changed) when
-    /// [`alloc`] must run. It makes no calls, so a caller's value can be built straight
-    /// into the object.
+    /// The fast path of an allocation: an object from this thread's loaded magazine, or
+    /// `None` (with nothing changed) when [`alloc`] must run. It makes no calls, so a
+    /// caller's value can be built straight into the object.
     #[inline(always)]
     pub(crate) fn alloc(&self) -> Option<NonNull<u8>> {
-        let (offset, instance) = self.offset_and_instance();
-        if offset & PERCPU != 0 {
-            // The front end's miss path runs the CPU's sequence first (`cpu_alloc`).
-            return None;
-        }
-        Self::owner(offset, instance)?.pop()
+        self.owner()?.pop()
     }
 
-    /// The fast path of a free: `p` into this thread's (or CPU's) loaded magazine; false
-    /// (with nothing changed) when [`free`] must run.
+    /// The fast path of a free: `p` into this thread's loaded magazine; false (with
+    /// nothing changed) when [`free`] must run.
     ///
     /// # Safety
     /// `p` is an object of the hints' engine that nobody uses any more.
     #[inline(always)]
     pub(crate) unsafe fn free(&self, p: NonNull<u8>) -> bool {
-        let (offset, instance) = self.offset_and_instance();
-        if offset & PERCPU != 0 {
-            // As in `alloc`: the miss path's `cpu_free`.
-            return false;
-        }
-        match Self::owner(offset, instance) {
+        match self.owner() {
             Some(c) => c.push(p),
             None => false,
         }
@@ -168,7 +151,7 @@ impl Hints {
 
     /// An allocator with boxed caches (see [`table::lookup_boxed`]): an object from this
     /// thread's loaded magazine, or `None` (nothing changed; always for an inline
-    /// allocator or a per-CPU one) when [`alloc`] must run. Not inlined into allocation
+    /// allocator) when [`alloc`] must run. Not inlined into allocation
     /// sites: the front end's miss path calls it.
     #[inline(always)]
     pub(crate) fn boxed_alloc(&self) -> Option<NonNull<u8>> {
@@ -196,11 +179,10 @@ impl Hints {
     /// empty.
     #[inline(always)]
     pub(crate) fn cpu_alloc(&self) -> Option<NonNull<u8>> {
-        let (offset, instance) = self.offset_and_instance();
-        if offset & PERCPU == 0 {
-            return None;
+        match self.cpus() {
+            0 => None,
+            base => cpu_pop(base),
         }
-        cpu_pop(instance as usize)
     }
 
     /// The free of [`cpu_alloc`](Self::cpu_alloc): false (nothing changed) when the slow
@@ -210,12 +192,11 @@ impl Hints {
     /// As for [`free`](Self::free).
     #[inline(always)]
     pub(crate) unsafe fn cpu_free(&self, p: NonNull<u8>) -> bool {
-        let (offset, instance) = self.offset_and_instance();
-        if offset & PERCPU == 0 {
-            return false;
+        match self.cpus() {
+            0 => false,
+            // SAFETY: forwarded.
+            base => unsafe { cpu_push(base, p) },
         }
-        // SAFETY: forwarded.
-        unsafe { cpu_push(instance as usize, p) }
     }
 }
 
@@ -224,10 +205,10 @@ impl Hints {
 /// moved to another CPU, or the magazine is empty (see `rseq`).
 ///
 /// Run by the front end's `#[cold]` miss path, which the inline fast path reaches for a
-/// per-CPU allocator after one test of its hints: inlined beside the per-thread lookup
-/// at every allocation site, the sequence made per-CPU operations as fast as per-thread
-/// ones but per-thread allocators' callers slower, since every caller then carried both
-/// paths (measured: `docs/benchmarks.md#per-cpu-fast-path-placements`).
+/// per-CPU allocator when its lookup finds no thread cache: inlined beside the
+/// per-thread lookup at every allocation site, the sequence made per-CPU operations as
+/// fast as per-thread ones but per-thread allocators' callers slower, since every caller
+/// then carried both paths (measured: `docs/benchmarks.md#per-cpu-fast-path-placements`).
 #[inline(always)]
 fn cpu_pop(base: usize) -> Option<NonNull<u8>> {
     let t = rseq::thread();
@@ -254,43 +235,6 @@ unsafe fn cpu_push(base: usize, p: NonNull<u8>) -> bool {
     let cache = base.wrapping_add((t.cpu as usize) << rseq::CACHE_SHIFT);
     // SAFETY: as in `cpu_pop`; `p` as the caller promised.
     unsafe { rseq::push(t.area, t.cpu, cache, p.as_ptr()) }
-}
-
-/// A per-CPU allocator on a thread without an rseq area (or on any thread, once per-CPU
-/// caches are off for good: see `rseq::fence`): its thread cache, found by the engine's
-/// own numbers (out of line: the front end's miss path calls it), or `None` when the
-/// slow path must run (no cache yet, an empty magazine, a thread that uses CPU caches).
-#[inline(always)]
-pub(crate) fn alloc_percpu_fallback(e: &Engine) -> Option<NonNull<u8>> {
-    if !thread_cache_fallback() {
-        return None;
-    }
-    let offset = table::inline_offset(e.index() as usize)?;
-    table::lookup_fast(offset as usize, e.instance())?.pop()
-}
-
-/// Whether this thread serves per-CPU allocators from thread caches.
-#[inline(always)]
-fn thread_cache_fallback() -> bool {
-    rseq::thread().area.is_null() || rseq::fence::disabled().is_some()
-}
-
-/// The free of [`alloc_percpu_fallback`]: false when the slow path must run.
-///
-/// # Safety
-/// `p` is an object of `e` that nobody uses any more.
-#[inline(always)]
-pub(crate) unsafe fn free_percpu_fallback(e: &Engine, p: NonNull<u8>) -> bool {
-    if !thread_cache_fallback() {
-        return false;
-    }
-    let Some(offset) = table::inline_offset(e.index() as usize) else {
-        return false;
-    };
-    match table::lookup_fast(offset as usize, e.instance()) {
-        Some(c) => c.push(p),
-        None => false,
-    }
 }
 
 /// This thread's cache for `e`, registering one if it has none (`None` without

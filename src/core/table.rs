@@ -528,12 +528,10 @@ pub(crate) const fn inline_offset(index: usize) -> Option<u32> {
 /// What an allocator's hints keep as its offset: [`inline_offset`] for an inline index,
 /// and for a boxed one the offset its cache would have if the inline block went on (so
 /// [`lookup_boxed`] gets the index back, and [`lookup_fast`], which masks it, lands on
-/// some inline cache, never this allocator's). `None` from `2^31` bytes on (an index
-/// past 16 million: its hints stay unset, and the slow path serves it).
+/// some inline cache, never this allocator's). `None` past `u32`.
 pub(crate) const fn hint_offset(index: usize) -> Option<u32> {
-    // Below bit 31, which marks a per-CPU allocator's hints (`cache::PERCPU`).
     match index.checked_mul(CACHE_BYTES) {
-        Some(offset) if offset < 1 << 31 => Some(offset as u32),
+        Some(offset) if offset <= u32::MAX as usize => Some(offset as u32),
         _ => None,
     }
 }

@@ -7,7 +7,9 @@ use std::ptr::NonNull;
 
 use proxalloc::{ClassAllocator, ClassBox, StaticClass, Thin};
 
-use crate::workloads::{opaque, Contender};
+#[cfg(feature = "peers")]
+use crate::workloads::opaque;
+use crate::workloads::Contender;
 
 /// A raw object pointer, the handle of every contender without one of its own.
 pub struct Raw<T>(NonNull<T>);
