@@ -599,20 +599,9 @@ fn stop(cache: &CpuCache, cpu: u32, cap: usize) -> Stop<'_> {
     }
 }
 
-#[cfg(all(
-    test,
-    target_os = "linux",
-    target_arch = "x86_64",
-    not(miri),
-    not(proxalloc_loom)
-))]
-mod tests;
-
-#[cfg(all(
-    test,
-    target_os = "linux",
-    target_arch = "x86_64",
-    not(miri),
-    not(proxalloc_loom)
-))]
-mod injection_tests;
+rseq::with_rseq! {
+    #[cfg(test)]
+    mod tests;
+    #[cfg(test)]
+    mod injection_tests;
+}

@@ -224,6 +224,22 @@ fn try_pin(cpu: usize) -> bool {
     usize::try_from(unsafe { libc::sched_getcpu() }) == Ok(cpu)
 }
 
+/// Pins the calling thread to the CPU it runs on, so that every operation after meets the
+/// same CPU's cache: the CPU, or `None` (with a note, the thread unpinned) where that
+/// cannot be done.
+fn pin_here() -> Option<usize> {
+    // SAFETY: no preconditions.
+    let here = unsafe { libc::sched_getcpu() };
+    match usize::try_from(here) {
+        Ok(cpu) if try_pin(cpu) => Some(cpu),
+        _ => {
+            unpin();
+            eprintln!("cannot pin this thread to a CPU here: nothing to test");
+            None
+        }
+    }
+}
+
 /// A per-CPU allocator of `u64`s with magazines of 8 and a depot for 1024 of them, or
 /// `None` where per-CPU caches are unavailable (a failure where CI requires them).
 fn per_cpu_allocator(name: &'static str) -> Option<ClassAllocator<u64>> {
@@ -297,11 +313,7 @@ fn a_cpus_full_magazines_spill_to_the_depot_and_refill_from_it() {
     let Some(a) = per_cpu_allocator("percpu-spill-refill") else {
         return;
     };
-    // SAFETY: no preconditions.
-    let here = unsafe { libc::sched_getcpu() };
-    if !usize::try_from(here).is_ok_and(try_pin) {
-        unpin();
-        eprintln!("cannot pin this thread to a CPU here: nothing to test");
+    if pin_here().is_none() {
         return;
     }
     let held: Vec<_> = (0..64).map(|i| a.alloc(i)).collect();
@@ -375,13 +387,9 @@ fn a_failed_fence_leaves_the_cpus_magazines_and_is_counted() {
     let Some(a) = per_cpu_allocator("percpu-fence-fails") else {
         return;
     };
-    // SAFETY: no preconditions.
-    let here = unsafe { libc::sched_getcpu() };
-    if !usize::try_from(here).is_ok_and(try_pin) {
-        unpin();
-        eprintln!("cannot pin this thread to a CPU here: nothing to test");
+    let Some(here) = pin_here() else {
         return;
-    }
+    };
     let fill = || drop((0..12).map(|i| a.alloc(i)).collect::<Vec<_>>());
     fill();
     let cached = a.stats().cached_in_threads;
@@ -426,7 +434,7 @@ fn a_failed_fence_leaves_the_cpus_magazines_and_is_counted() {
     assert!(s.is_consistent() && s.live == 40, "{s}");
     drop(held);
     assert!(
-        a.engine().percpu().unwrap().caches[here as usize]
+        a.engine().percpu().unwrap().caches[here]
             .word
             .load(Ordering::Relaxed)
             & rseq::LEN_MASK

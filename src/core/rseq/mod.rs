@@ -26,8 +26,9 @@
 //! `word + 1 + ONE_OP`. Lengths from [`RETIRED`] up are not lengths but states in which
 //! every sequence fails (a length is never above the capacity, and a state always is):
 //! [`RETIRED`] (the cache is out of use for good), [`STOPPED`] (another thread is
-//! reclaiming the CPU's magazines) and [`DETACHED`] (a thread's slow path holds them). The operation count lets the caches count
-//! allocations and frees exactly without a second store.
+//! reclaiming the CPU's magazines) and [`DETACHED`] (a thread's slow path holds them).
+//! The operation count lets the caches count allocations and frees exactly without a
+//! second store.
 //!
 //! # Finding it
 //! The fast paths do not read the CPU number to find the cache: the thread keeps the
@@ -113,140 +114,147 @@ impl std::fmt::Display for FenceFailed {
     }
 }
 
-#[cfg(all(
-    target_os = "linux",
-    target_arch = "x86_64",
-    not(miri),
-    not(proxalloc_loom)
-))]
-mod platform {
-    pub(crate) mod area;
-    pub(crate) mod fence;
-    #[cfg(test)]
-    pub(crate) mod inject;
-    pub(crate) mod x86_64;
+/// Items compiled where restartable sequences are used: Linux on x86-64, not under Miri
+/// (which cannot run the assembly) or loom (which cannot model it). The one place that
+/// condition is written; `without_rseq!` is its complement.
+macro_rules! with_rseq {
+    ($($item:item)*) => {
+        $(
+            #[cfg(all(
+                target_os = "linux",
+                target_arch = "x86_64",
+                not(miri),
+                not(proxalloc_loom)
+            ))]
+            $item
+        )*
+    };
+}
+pub(crate) use with_rseq;
+
+/// Items compiled where [`with_rseq`]'s are not.
+macro_rules! without_rseq {
+    ($($item:item)*) => {
+        $(
+            #[cfg(not(all(
+                target_os = "linux",
+                target_arch = "x86_64",
+                not(miri),
+                not(proxalloc_loom)
+            )))]
+            $item
+        )*
+    };
 }
 
-#[cfg(all(
-    target_os = "linux",
-    target_arch = "x86_64",
-    not(miri),
-    not(proxalloc_loom)
-))]
-pub(crate) use platform::{
-    area::{available, current_cpu, decided, ncpu, set_cpu, thread, thread_area},
-    fence::{self, fence_cpu},
-    x86_64::{detach, pop, push},
-};
-
-#[cfg(all(
-    test,
-    target_os = "linux",
-    target_arch = "x86_64",
-    not(miri),
-    not(proxalloc_loom)
-))]
-pub(crate) use platform::{
-    area, inject,
-    x86_64::{aborts, INJECT_DELAY},
-};
-
-/// Where rseq is not available: nothing here is ever called but [`available`], which
-/// says no, so the per-CPU caches fall back to per-thread ones.
-#[cfg(not(all(
-    target_os = "linux",
-    target_arch = "x86_64",
-    not(miri),
-    not(proxalloc_loom)
-)))]
-mod unsupported {
-    use super::{FenceFailed, Thread};
-
-    /// Never, here.
-    pub(crate) fn available() -> bool {
-        false
+with_rseq! {
+    mod platform {
+        pub(crate) mod area;
+        pub(crate) mod fence;
+        #[cfg(test)]
+        pub(crate) mod inject;
+        pub(crate) mod x86_64;
     }
 
-    /// Decided: never.
-    pub(crate) fn decided() -> Option<bool> {
-        Some(false)
-    }
+    pub(crate) use platform::{
+        area::{available, current_cpu, decided, ncpu, set_cpu, thread, thread_area},
+        fence::{self, fence_cpu},
+        x86_64::{detach, pop, push},
+    };
 
-    /// No CPUs here.
-    pub(crate) fn ncpu() -> u32 {
-        0
-    }
+    #[cfg(test)]
+    pub(crate) use platform::{
+        area, inject,
+        x86_64::{aborts, INJECT_DELAY},
+    };
+}
 
-    /// No area here.
-    #[inline(always)]
-    pub(crate) fn thread() -> Thread {
-        Thread {
-            area: std::ptr::null_mut(),
-            cpu: 0,
+without_rseq! {
+    /// Where rseq is not available: nothing here is ever called but [`available`], which
+    /// says no, so the per-CPU caches fall back to per-thread ones.
+    mod unsupported {
+        use super::{FenceFailed, Thread};
+
+        /// Never, here.
+        pub(crate) fn available() -> bool {
+            false
         }
-    }
 
-    /// No area here.
-    pub(crate) fn thread_area() -> *mut u8 {
-        std::ptr::null_mut()
-    }
+        /// Decided: never.
+        pub(crate) fn decided() -> Option<bool> {
+            Some(false)
+        }
 
-    /// Nothing to keep here.
-    pub(crate) fn set_cpu(_cpu: u32) {}
+        /// No CPUs here.
+        pub(crate) fn ncpu() -> u32 {
+            0
+        }
 
-    /// Never called (no area).
-    pub(crate) unsafe fn current_cpu(_area: *mut u8) -> Option<u32> {
-        None
-    }
+        /// No area here.
+        #[inline(always)]
+        pub(crate) fn thread() -> Thread {
+            Thread {
+                area: std::ptr::null_mut(),
+                cpu: 0,
+            }
+        }
 
-    /// Never a CPU to fence here.
-    pub(crate) fn fence_cpu(_cpu: u32) -> Result<(), FenceFailed> {
-        Ok(())
-    }
+        /// No area here.
+        pub(crate) fn thread_area() -> *mut u8 {
+            std::ptr::null_mut()
+        }
 
-    pub(crate) mod fence {
-        /// Never disabled here (never enabled either).
-        pub(crate) fn disabled() -> Option<super::FenceFailed> {
+        /// Nothing to keep here.
+        pub(crate) fn set_cpu(_cpu: u32) {}
+
+        /// Never called (no area).
+        pub(crate) unsafe fn current_cpu(_area: *mut u8) -> Option<u32> {
             None
         }
 
-        /// Fence failures seen (none here).
-        pub(crate) fn failures() -> u64 {
-            0
+        /// Never a CPU to fence here.
+        pub(crate) fn fence_cpu(_cpu: u32) -> Result<(), FenceFailed> {
+            Ok(())
+        }
+
+        pub(crate) mod fence {
+            /// Never disabled here (never enabled either).
+            pub(crate) fn disabled() -> Option<super::FenceFailed> {
+                None
+            }
+
+            /// Fence failures seen (none here).
+            pub(crate) fn failures() -> u64 {
+                0
+            }
+        }
+
+        /// Never called (no area).
+        #[inline(always)]
+        pub(crate) unsafe fn pop(_area: *mut u8, _cpu: u32, _cache: usize) -> *mut u8 {
+            std::ptr::null_mut()
+        }
+
+        /// Never called (no area).
+        #[inline(always)]
+        pub(crate) unsafe fn push(_area: *mut u8, _cpu: u32, _cache: usize, _p: *mut u8) -> bool {
+            false
+        }
+
+        /// Never called (no area).
+        pub(crate) unsafe fn detach(
+            _area: *mut u8,
+            _base: usize,
+            _ncpu: u32,
+        ) -> Option<(u32, u64)> {
+            None
         }
     }
 
-    /// Never called (no area).
-    #[inline(always)]
-    pub(crate) unsafe fn pop(_area: *mut u8, _cpu: u32, _cache: usize) -> *mut u8 {
-        std::ptr::null_mut()
-    }
-
-    /// Never called (no area).
-    #[inline(always)]
-    pub(crate) unsafe fn push(_area: *mut u8, _cpu: u32, _cache: usize, _p: *mut u8) -> bool {
-        false
-    }
-
-    /// Never called (no area).
-    pub(crate) unsafe fn detach(_area: *mut u8, _base: usize, _ncpu: u32) -> Option<(u32, u64)> {
-        None
-    }
+    pub(crate) use unsupported::*;
 }
 
-#[cfg(not(all(
-    target_os = "linux",
-    target_arch = "x86_64",
-    not(miri),
-    not(proxalloc_loom)
-)))]
-pub(crate) use unsupported::*;
-
-#[cfg(all(
-    test,
-    target_os = "linux",
-    target_arch = "x86_64",
-    not(miri),
-    not(proxalloc_loom)
-))]
-mod tests;
+with_rseq! {
+    #[cfg(test)]
+    mod tests;
+}

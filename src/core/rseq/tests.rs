@@ -17,18 +17,23 @@ struct Cache {
 
 const _: () = assert!(std::mem::size_of::<Cache>() == 1 << CACHE_SHIFT);
 
-#[test]
-fn pop_push_and_detach_keep_every_pointer_once_and_count_operations() {
-    const NCPU: u32 = 4;
-    let mut arrays: Vec<[*mut u8; 4]> = vec![[std::ptr::null_mut(); 4]; NCPU as usize];
-    let caches: Vec<Cache> = arrays
+/// One empty cache per slot array, each with the array's length as its capacity.
+fn caches_over<const N: usize>(arrays: &mut [[*mut u8; N]]) -> Vec<Cache> {
+    arrays
         .iter_mut()
         .map(|a| Cache {
             word: AtomicU64::new(0),
             slots: a.as_mut_ptr(),
-            cap: AtomicU32::new(4),
+            cap: AtomicU32::new(N as u32),
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn pop_push_and_detach_keep_every_pointer_once_and_count_operations() {
+    const NCPU: u32 = 4;
+    let mut arrays: Vec<[*mut u8; 4]> = vec![[std::ptr::null_mut(); 4]; NCPU as usize];
+    let caches = caches_over(&mut arrays);
     let base = caches.as_ptr() as usize;
     let at = |cpu: u32| base + ((cpu as usize) << CACHE_SHIFT);
     let area = FakeArea::on(2);
@@ -98,14 +103,7 @@ fn sequences_run_on_the_threads_real_area() {
     }
     let n = ncpu();
     let mut arrays: Vec<[*mut u8; 2]> = vec![[std::ptr::null_mut(); 2]; n as usize];
-    let caches: Vec<Cache> = arrays
-        .iter_mut()
-        .map(|a| Cache {
-            word: AtomicU64::new(0),
-            slots: a.as_mut_ptr(),
-            cap: AtomicU32::new(2),
-        })
-        .collect();
+    let caches = caches_over(&mut arrays);
     let base = caches.as_ptr() as usize;
     let token = 64 as *mut u8;
     let (mut pushes, mut pops) = (0u64, 0u64);
