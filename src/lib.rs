@@ -39,6 +39,8 @@
 #![cfg_attr(proxalloc_nightly, feature(allocator_api))]
 #![cfg_attr(proxalloc_loom, allow(dead_code, unreachable_pub))]
 
+#[cfg(all(feature = "bytes", not(proxalloc_loom)))]
+mod buffer;
 mod class;
 mod config;
 mod core;
@@ -49,6 +51,12 @@ mod registry;
 pub mod stats;
 mod sync;
 
+#[cfg(all(feature = "bytes", not(proxalloc_loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "bytes")))]
+pub use buffer::{
+    BufferAllocator, BufferError, BufferStats, LeakLevel, LiveBuffer, PooledBuf, BUFFER_ALIGN,
+    BUFFER_CLASSES,
+};
 pub use class::owned::Owned;
 pub use class::recycle::{OwnedRecycled, Recycle, Recycled, RecyclingAllocator};
 pub use class::thin::{StaticClass, Thin};

@@ -4,11 +4,14 @@
 //! from `ClassAllocator`s: they live until the answer is ready, across the wait for the
 //! origin, so the task often resumes, and frees them, on another worker thread than the
 //! one that allocated them (Traffic Server's `HttpSM` and its header heap, from its
-//! ProxyAllocators). Each answer the proxy makes itself (a cache hit, an error) is
-//! assembled in the transaction's [`Pool`] with its writer, and the pool goes out with
-//! the bytes: hyper writes them from where they were built and the pool's blocks return
-//! when hyper drops them. Cache entries, their header fields and their body chunks come
-//! from class allocators too, under a byte budget.
+//! ProxyAllocators). Each answer the proxy makes itself (an error) is assembled in the
+//! transaction's [`Pool`] with its writer, and the pool goes out as `Bytes`
+//! ([`Pool::into_bytes`]): hyper writes them from where they were built and the pool's
+//! blocks return when hyper drops them. A cacheable origin body is read into a pooled
+//! I/O buffer ([`BufferAllocator`], Traffic Server's `ioBufAllocator`) and frozen into
+//! `Bytes`: the cache entry holds them, and a hit answers with a clone, so no hit copies
+//! the body. Cache entries and their header fields come from class allocators, and the
+//! whole cache is held under a byte budget.
 //!
 //! A request goes:
 //!
@@ -16,15 +19,15 @@
 //!    (hop-by-hop ones removed: `Connection` and the headers it lists, `Keep-Alive`,
 //!    `TE`, `Transfer-Encoding`, `Upgrade`, ...).
 //! 2. A `GET` without `Authorization` or `no-cache` looks in the [`Cache`]; a fresh entry
-//!    is copied into the transaction's pool while its shard is locked, and answered
-//!    (`X-Cache: HIT`, `Age`).
+//!    is answered with its head rebuilt and a clone of its frozen body (`X-Cache: HIT`,
+//!    `Age`).
 //! 3. Otherwise the request goes to the origin through hyper's pooled client, with the
 //!    fields, `Via` and `X-Forwarded-For`; its body streams through with the framing it
 //!    came with (`Content-Length` stays, chunked stays chunked).
 //! 4. The origin's answer loses its hop-by-hop headers and gains `Via`. A cacheable one
-//!    (`200`, `max-age`, a `Content-Length` within [`MAX_ENTRY_BYTES`]) is read whole,
-//!    stored and answered (`X-Cache: MISS`); anything else streams through (`MISS` or
-//!    `PASS`).
+//!    (`200`, `max-age`, a `Content-Length` within [`MAX_ENTRY_BYTES`]) is read whole
+//!    into a pooled buffer, frozen, stored and answered (`X-Cache: MISS`); anything else
+//!    streams through (`MISS` or `PASS`).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
@@ -35,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Body;
@@ -47,7 +50,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use proxalloc::{
-    pformat, BlockSource, CacheMode, ClassAllocator, ClassBox, Config, Pool, DEFAULT_MAX_FREE,
+    pformat, BlockSource, BufferAllocator, CacheMode, ClassAllocator, ClassBox, Config, Pool,
+    DEFAULT_MAX_FREE,
 };
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -149,10 +153,6 @@ pub struct Field {
     pub value: HeaderValue,
 }
 
-/// Cached bodies are kept in chunks of this many bytes.
-pub const CHUNK: usize = 2048;
-/// A piece of a cached body.
-pub type Chunk = [u8; CHUNK];
 /// Largest body the cache stores.
 pub const MAX_ENTRY_BYTES: usize = 64 << 10;
 
@@ -161,8 +161,10 @@ pub struct Entry {
     path: PathAndQuery,
     status: StatusCode,
     fields: Vec<ClassBox<'static, Field>>,
-    chunks: Vec<ClassBox<'static, Chunk>>,
-    len: usize,
+    /// The body, frozen in a pooled buffer: a hit clones it.
+    body: Bytes,
+    /// The pooled buffer's capacity (its class), which the budget counts.
+    body_capacity: usize,
     stored: Instant,
     max_age: Duration,
 }
@@ -170,17 +172,7 @@ pub struct Entry {
 impl Entry {
     /// What the entry counts against the cache's budget.
     fn bytes(&self) -> usize {
-        size_of::<Entry>() + self.fields.len() * size_of::<Field>() + self.chunks.len() * CHUNK
-    }
-
-    /// The body, chunk by chunk.
-    fn body(&self) -> impl Iterator<Item = &[u8]> {
-        let mut left = self.len;
-        self.chunks.iter().map(move |chunk| {
-            let n = left.min(CHUNK);
-            left -= n;
-            &chunk[..n]
-        })
+        size_of::<Entry>() + self.fields.len() * size_of::<Field>() + self.body_capacity
     }
 
     /// The response head for a hit, `age` after the entry was stored.
@@ -204,7 +196,8 @@ pub struct Allocators {
     pub txns: ClassAllocator<Txn>,
     pub fields: ClassAllocator<Field>,
     pub entries: ClassAllocator<Entry>,
-    pub chunks: ClassAllocator<Chunk>,
+    /// Cached bodies (and the reads of cacheable origin bodies).
+    pub buffers: BufferAllocator,
     /// The pools' blocks. A `BlockSource` has no mode of its own: its classes follow
     /// `PROXALLOC_BYPASS`, which the showdown sets for system mode.
     pub blocks: BlockSource,
@@ -217,24 +210,20 @@ impl Allocators {
             txns: ClassAllocator::with_config("proxy-txn", config),
             fields: ClassAllocator::with_config("proxy-field", config),
             entries: ClassAllocator::with_config("cache-entry", config),
-            chunks: ClassAllocator::with_config("cache-chunk", config),
+            buffers: BufferAllocator::with_config(config),
             blocks: BlockSource::new(DEFAULT_MAX_FREE),
         }))
     }
 
     /// Objects and pool blocks in use: zero once the proxy has shut down.
     pub fn live(&self) -> u64 {
-        let objects = [
-            self.txns.stats(),
-            self.fields.stats(),
-            self.entries.stats(),
-            self.chunks.stats(),
-        ];
+        let objects = [self.txns.stats(), self.fields.stats(), self.entries.stats()];
         objects
             .iter()
             .chain(self.blocks.stats().iter())
             .map(|s| s.live)
-            .sum()
+            .sum::<u64>()
+            + self.buffers.stats().live_buffers()
     }
 }
 
@@ -453,26 +442,18 @@ impl Proxy {
         }
     }
 
-    /// A fresh entry, copied into the transaction's pool while its shard is locked (it
-    /// may be evicted the moment after), and answered from there.
+    /// A fresh entry, answered with a clone of its frozen body (a reference count, no
+    /// copy: the entry may be evicted the moment after, and the buffer lives on until
+    /// hyper has sent it).
     fn try_hit(&self, txn: &mut Txn) -> Option<Response<RespBody>> {
         if !txn.cacheable {
             return None;
         }
-        let mut head = None;
-        let body = pool_bytes(txn.take_pool(), |pool| {
-            self.cache.read(txn.key, &txn.path, |entry, age| {
-                head = Some(entry.response_head(age));
-                let mut body = pool.writer();
-                for piece in entry.body() {
-                    body.push_bytes(piece);
-                }
-                let body: &[u8] = body.finish();
-                body
-            })
+        let (head, body) = self.cache.read(txn.key, &txn.path, |entry, age| {
+            (entry.response_head(age), entry.body.clone())
         })?;
         txn.outcome = Outcome::Hit;
-        Some(head?.map(|()| Either::Left(Full::new(body))))
+        Some(head.map(|()| Either::Left(Full::new(body))))
     }
 
     /// Forwards the request to the origin, and answers with what it says.
@@ -506,14 +487,37 @@ impl Proxy {
         let Some(max_age) = max_age else {
             return Response::from_parts(head, Either::Right(body));
         };
-        // Cacheable, and at most MAX_ENTRY_BYTES: read it whole, store a copy, and answer
-        // with hyper's own buffer.
-        let body = match body.collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(_) => return self.generated(txn, StatusCode::BAD_GATEWAY),
+        // Cacheable, and at most MAX_ENTRY_BYTES: read it whole into a pooled buffer of
+        // its length's class, freeze it, store it and answer with it.
+        let Some((body, capacity)) = self.read_body(&head, body).await else {
+            return self.generated(txn, StatusCode::BAD_GATEWAY);
         };
-        self.store(txn, &head, &body, max_age);
+        self.store(txn, &head, &body, capacity, max_age);
         Response::from_parts(head, Either::Left(Full::new(body)))
+    }
+
+    /// Reads a cacheable body (its `Content-Length` checked by `freshness`) into a pooled
+    /// buffer of that class, frame by frame, and freezes it. (hyper reads the socket into
+    /// its own buffer: this is the one copy, made once per miss; hits copy nothing.)
+    /// Returns the bytes and the buffer's capacity.
+    async fn read_body(
+        &self,
+        head: &response::Parts,
+        mut body: hyper::body::Incoming,
+    ) -> Option<(Bytes, usize)> {
+        let length = head
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+            .unwrap_or(0);
+        let mut buf = self.allocs.buffers.alloc(length.max(1));
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.ok()?.into_data() {
+                buf.put_slice(&data);
+            }
+        }
+        let capacity = buf.capacity();
+        Some((buf.freeze(), capacity))
     }
 
     /// The request for the origin: the transaction's fields, `Via`, `X-Forwarded-For`.
@@ -550,8 +554,16 @@ impl Proxy {
         Some(request)
     }
 
-    /// Stores a cacheable response: its fields and body copied into objects.
-    fn store(&self, txn: &Txn, head: &response::Parts, body: &Bytes, max_age: Duration) {
+    /// Stores a cacheable response: its fields copied into objects, its frozen body
+    /// shared with the answer.
+    fn store(
+        &self,
+        txn: &Txn,
+        head: &response::Parts,
+        body: &Bytes,
+        body_capacity: usize,
+        max_age: Duration,
+    ) {
         let a = self.allocs;
         let fields = head
             .headers
@@ -563,20 +575,12 @@ impl Proxy {
                 })
             })
             .collect();
-        let chunks = body
-            .chunks(CHUNK)
-            .map(|piece| {
-                let mut chunk = a.chunks.alloc([0; CHUNK]);
-                chunk[..piece.len()].copy_from_slice(piece);
-                chunk
-            })
-            .collect();
         let entry = a.entries.alloc(Entry {
             path: txn.path.clone(),
             status: head.status,
             fields,
-            chunks,
-            len: body.len(),
+            body: body.clone(),
+            body_capacity,
             stored: Instant::now(),
             max_age,
         });
@@ -586,54 +590,19 @@ impl Proxy {
     /// An answer the proxy makes itself, assembled in the transaction's pool.
     fn generated(&self, txn: &mut Txn, status: StatusCode) -> Response<RespBody> {
         txn.outcome = Outcome::Error;
-        let body = pool_bytes(txn.take_pool(), |pool| {
+        let body = txn.take_pool().into_bytes(|pool| {
             let mut text = pool.writer();
             let reason = status.canonical_reason().unwrap_or("");
             let _ = writeln!(text, "{} {reason}", status.as_u16());
-            let text: &[u8] = text.finish();
-            Some(text)
+            text.finish()
         });
-        let mut response = Response::new(Either::Left(Full::new(body.unwrap_or_default())));
+        let mut response = Response::new(Either::Left(Full::new(body)));
         *response.status_mut() = status;
         response
             .headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         response
     }
-}
-
-/// Bytes written into a pool, held together with the pool: hyper sends them from where
-/// they were written, and the pool's blocks are freed when hyper drops them.
-struct PoolBytes {
-    _pool: Pool<'static>,
-    ptr: *const u8,
-    len: usize,
-}
-
-// SAFETY: a `Pool` is `Send` (it frees its blocks into whichever thread drops it), and
-// `ptr` is only ever read.
-unsafe impl Send for PoolBytes {}
-
-impl AsRef<[u8]> for PoolBytes {
-    fn as_ref(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr + len` was written in one of `_pool`'s blocks, which are heap
-        // blocks that stay put when the `Pool` value moves and are freed only when it is
-        // dropped or cleared; nothing clears it or allocates from it any more.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-/// Runs `write` on `pool`; the bytes it returns come out as `Bytes` that own the pool.
-fn pool_bytes(
-    pool: Pool<'static>,
-    write: impl for<'p> FnOnce(&'p Pool<'static>) -> Option<&'p [u8]>,
-) -> Option<Bytes> {
-    let (ptr, len) = write(&pool).map(|bytes| (bytes.as_ptr(), bytes.len()))?;
-    Some(Bytes::from_owner(PoolBytes {
-        _pool: pool,
-        ptr,
-        len,
-    }))
 }
 
 /// Removes the hop-by-hop headers, and those that `Connection` names.

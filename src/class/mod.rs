@@ -75,6 +75,11 @@ pub struct ClassAllocator<T> {
     _type: PhantomData<fn(T) -> T>,
 }
 
+/// `N` uninitialised bytes aligned to 64 (a cache line): the object type of the
+/// byte-sized classes, pool blocks and I/O buffers.
+#[repr(C, align(64))]
+pub(crate) struct RawBytes<const N: usize>(MaybeUninit<[u8; N]>);
+
 // The allocator never holds a `T` (only raw memory), so it can be shared and sent
 // whatever `T` is; `ClassBox<T>` carries `T`'s own `Send`/`Sync`.
 
@@ -204,6 +209,13 @@ impl<T> ClassAllocator<T> {
             Some(ours) => unsafe { cache::shutdown(&ours) },
         }
         e
+    }
+
+    /// The engine if the allocator was ever used (stats and trims of a family of
+    /// allocators, such as a buffer allocator's classes, skip the unused ones rather
+    /// than create their engines).
+    pub(crate) fn used_engine(&self) -> Option<&Engine> {
+        self.engine.get()
     }
 
     /// The engine as an `Arc`, for registering a thread cache (see [`ArcRef`]).

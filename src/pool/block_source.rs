@@ -19,13 +19,12 @@
 //! classes and large, comes from it and goes back to it, so a server can put pool memory
 //! in huge pages, keep it out of core dumps, or account for it on its own.
 
-use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 #[cfg(not(proxalloc_loom))]
 use std::sync::OnceLock;
 
 use super::large_blocks::Large;
-use crate::class::ClassAllocator;
+use crate::class::{ClassAllocator, RawBytes as Block};
 use crate::config::Config;
 use crate::core::backing::{BlockAllocator, MemoryOwner, ObjectHooks};
 use crate::core::budget::ByteBudget;
@@ -62,10 +61,6 @@ const LARGE_GRAIN: usize = 4 << 10;
 /// assert_eq!(proxalloc::BlockSource::global().max_free(), proxalloc::DEFAULT_MAX_FREE);
 /// ```
 pub const DEFAULT_MAX_FREE: usize = 2 << 20;
-
-/// Memory of one class block (uninitialised bytes).
-#[repr(C, align(64))]
-struct Block<const N: usize>(MaybeUninit<[u8; N]>);
 
 /// A block handed out by a [`BlockSource`]: `size` bytes at `ptr`, aligned to
 /// [`BLOCK_ALIGN`].

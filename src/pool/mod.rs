@@ -31,6 +31,8 @@ mod allocator_api;
 mod block_source;
 mod bump;
 mod cleanup;
+#[cfg(all(feature = "bytes", not(proxalloc_loom)))]
+mod into_bytes;
 mod large_blocks;
 mod subpool;
 mod vec;

@@ -1,0 +1,413 @@
+//! [`PooledBuf`]: a writable buffer in a class slot, and its frozen form inside `Bytes`.
+
+use std::fmt;
+use std::io;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use bytes::buf::UninitSlice;
+use bytes::{BufMut, Bytes};
+
+use super::{BufferAllocator, BufferError, Origin};
+
+/// The allocator a buffer goes back to: a `static` one, or one kept alive by the buffer.
+pub(super) enum Source {
+    Static(&'static BufferAllocator),
+    Shared(Arc<BufferAllocator>),
+}
+
+impl Source {
+    #[inline(always)]
+    fn get(&self) -> &BufferAllocator {
+        match self {
+            Source::Static(a) => a,
+            Source::Shared(a) => a,
+        }
+    }
+}
+
+/// A buffer's memory as its allocator handed it out.
+pub(super) struct Parts {
+    pub(super) ptr: NonNull<u8>,
+    /// The bytes at `ptr` (the class size, or the rounded oversize size).
+    pub(super) cap: usize,
+    pub(super) origin: Origin,
+    /// Recorded by the leak tracker (to be forgotten there when freed).
+    pub(super) tracked: bool,
+}
+
+/// A writable byte buffer from a [`BufferAllocator`]'s size classes: `len` initialised
+/// bytes followed by spare capacity, like a `Vec<u8>` that cannot shrink below its
+/// class. Dropping it gives the slot back to the dropping thread's cache;
+/// [`freeze`](Self::freeze) turns it into [`Bytes`] without copying.
+///
+/// It implements [`BufMut`] (so `tokio::io::AsyncReadExt::read_buf` reads into its
+/// spare capacity), [`std::io::Write`], and derefs to `[u8]` (its written bytes).
+/// Writing past the capacity grows it as `BytesMut` grows: into the next class that
+/// holds the new length (one copy of what was written), or the global allocator above
+/// 64 KiB. [`capacity`](Self::capacity) is what the slot really holds, so a reader can
+/// fill all of it before any growth.
+///
+/// ```
+/// use std::io::Write;
+/// use bytes::BufMut;
+/// static BUFS: proxalloc::BufferAllocator = proxalloc::BufferAllocator::new();
+///
+/// let mut buf = BUFS.alloc(600);
+/// assert_eq!(buf.capacity(), 1024); // the 1 KiB class
+/// write!(buf, "{} {}", 200, "OK").unwrap();
+/// buf.put_u8(b'!');
+/// assert_eq!(&buf[..], b"200 OK!");
+/// buf.put_bytes(b'.', 2000); // past 1 KiB: moves to the 2 KiB class
+/// assert_eq!((buf.len(), buf.capacity()), (2007, 2048));
+/// ```
+pub struct PooledBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    cap: usize,
+    origin: Origin,
+    tracked: bool,
+    source: Source,
+}
+
+// SAFETY: the buffer owns its bytes exclusively (as a `Vec<u8>` does), and both sources
+// are `Send + Sync` (the allocator is shared by every thread by design).
+unsafe impl Send for PooledBuf {}
+// SAFETY: `&PooledBuf` gives out `&[u8]` only.
+unsafe impl Sync for PooledBuf {}
+
+impl PooledBuf {
+    #[inline(always)]
+    pub(super) fn from_parts(parts: Parts, source: Source) -> Self {
+        PooledBuf {
+            ptr: parts.ptr,
+            len: 0,
+            cap: parts.cap,
+            origin: parts.origin,
+            tracked: parts.tracked,
+            source,
+        }
+    }
+
+    fn parts(&self) -> Parts {
+        Parts {
+            ptr: self.ptr,
+            cap: self.cap,
+            origin: self.origin,
+            tracked: self.tracked,
+        }
+    }
+
+    /// Bytes written.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing was written.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes the buffer's memory holds: its class's size (or, above the largest
+    /// class, the request rounded up to 4 KiB).
+    #[inline]
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Forgets what was written; the capacity stays.
+    #[inline]
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Keeps the first `len` bytes (no effect if `len` is not below the length).
+    ///
+    /// ```
+    /// use bytes::BufMut;
+    /// let mut b = proxalloc::BufferAllocator::global().alloc(16);
+    /// b.put_slice(b"keep this");
+    /// b.truncate(4);
+    /// assert_eq!(&b[..], b"keep");
+    /// ```
+    #[inline]
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Appends `bytes`, growing first if they do not fit.
+    ///
+    /// # Panics
+    /// As [`reserve`](Self::reserve).
+    #[inline]
+    #[track_caller]
+    pub fn extend_from_slice(&mut self, bytes: &[u8]) {
+        self.reserve(bytes.len());
+        // SAFETY: `reserve` made room for `bytes.len()` bytes after `len`; a `&[u8]`
+        // cannot overlap the buffer's spare capacity, which nothing else borrows.
+        unsafe {
+            self.ptr
+                .as_ptr()
+                .add(self.len)
+                .copy_from_nonoverlapping(bytes.as_ptr(), bytes.len());
+        }
+        self.len += bytes.len();
+    }
+
+    /// Makes room for at least `additional` more bytes: if they do not fit, moves what
+    /// was written into a slot of the smallest class that holds both (or the global
+    /// allocator above 64 KiB) and gives the old slot back.
+    ///
+    /// # Panics
+    /// If the new length would pass `isize::MAX`; aborts if memory cannot be had.
+    ///
+    /// ```
+    /// let mut b = proxalloc::BufferAllocator::global().alloc(512);
+    /// b.reserve(512); // fits: nothing moves
+    /// assert_eq!(b.capacity(), 512);
+    /// b.reserve(513);
+    /// assert_eq!(b.capacity(), 1024);
+    /// ```
+    #[inline]
+    #[track_caller]
+    pub fn reserve(&mut self, additional: usize) {
+        if additional > self.cap - self.len {
+            if let Err(e) = self.grow(additional) {
+                super::fail(e, self.len.saturating_add(additional));
+            }
+        }
+    }
+
+    /// Like [`reserve`](Self::reserve), but returns an error instead of panicking or
+    /// aborting (the buffer is unchanged then).
+    ///
+    /// ```
+    /// use proxalloc::BufferError;
+    /// let mut b = proxalloc::BufferAllocator::global().alloc(512);
+    /// assert_eq!(b.try_reserve(usize::MAX), Err(BufferError::TooLarge(usize::MAX)));
+    /// assert_eq!(b.try_reserve(4000), Ok(()));
+    /// assert_eq!(b.capacity(), 4096);
+    /// ```
+    #[inline]
+    pub fn try_reserve(&mut self, additional: usize) -> Result<(), BufferError> {
+        if additional > self.cap - self.len {
+            self.grow(additional)?;
+        }
+        Ok(())
+    }
+
+    /// Moves to memory of at least `len + additional` bytes; on an error nothing changed.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self, additional: usize) -> Result<(), BufferError> {
+        let needed = self
+            .len
+            .checked_add(additional)
+            .filter(|&n| n <= isize::MAX as usize)
+            .ok_or(BufferError::TooLarge(additional))?;
+        // Above the classes, double at least (as `Vec` does), so a loop of small writes
+        // stays linear; within them, the next class already doubles.
+        let target = if needed > super::BUFFER_CLASSES[7] {
+            needed.max(self.cap.saturating_mul(2).min(isize::MAX as usize))
+        } else {
+            needed
+        };
+        let alloc = self.source.get();
+        let (ptr, cap, origin) = alloc.try_alloc_untracked(target)?;
+        // SAFETY: the new memory holds at least `needed >= len` bytes and is not the
+        // old (both are live at once); `len` bytes of the old are initialised.
+        unsafe {
+            ptr.as_ptr()
+                .copy_from_nonoverlapping(self.ptr.as_ptr(), self.len)
+        };
+        let old = self.parts();
+        // The buffer owns the new memory before anything else runs.
+        (self.ptr, self.cap, self.origin) = (ptr, cap, origin);
+        if old.tracked {
+            // The record follows the bytes, with the place of the first allocation.
+            alloc.leaks.moved(old.ptr, ptr, cap);
+        }
+        // SAFETY: the old memory came from this allocator, and nothing refers to it any
+        // more (the buffer now holds the new); the tracker's record moved with the bytes.
+        unsafe {
+            alloc.free_parts(&Parts {
+                tracked: false,
+                ..old
+            })
+        };
+        Ok(())
+    }
+
+    /// The buffer's written bytes as [`Bytes`], without copying: clones and slices of
+    /// them share the slot, which goes back to its class when the last of them is
+    /// dropped, on whichever thread that is.
+    ///
+    /// This allocates once from the global allocator: `Bytes::from_owner` boxes its
+    /// owner with a reference count (a 56-byte box; see docs/buffers.md for what it
+    /// costs). An empty buffer freezes into `Bytes::new()` with no box, and gives its
+    /// slot back at once.
+    ///
+    /// ```
+    /// use bytes::BufMut;
+    /// static BUFS: proxalloc::BufferAllocator = proxalloc::BufferAllocator::new();
+    /// let mut b = BUFS.alloc(2048);
+    /// b.put_slice(b"cached body");
+    /// let body = b.freeze();
+    /// let (a, rest) = (body.slice(..6), body.slice(7..));
+    /// drop(body);
+    /// assert_eq!((&a[..], &rest[..]), (&b"cached"[..], &b"body"[..]));
+    /// assert_eq!(BUFS.stats().classes[2].live, 1); // still held by the slices
+    /// drop((a, rest));
+    /// assert_eq!(BUFS.stats().classes[2].live, 0);
+    /// ```
+    #[must_use = "dropping the bytes gives the slot back at once"]
+    pub fn freeze(self) -> Bytes {
+        if self.is_empty() {
+            return Bytes::new();
+        }
+        Bytes::from_owner(Frozen(self))
+    }
+
+    /// The spare capacity, as `UninitSlice`.
+    #[inline]
+    fn spare(&mut self) -> &mut UninitSlice {
+        // SAFETY: `ptr + len .. ptr + cap` is the buffer's own memory, borrowed mutably
+        // with `self`; `UninitSlice` allows no reads of it.
+        unsafe {
+            UninitSlice::from_raw_parts_mut(self.ptr.as_ptr().add(self.len), self.cap - self.len)
+        }
+    }
+}
+
+impl Drop for PooledBuf {
+    #[inline]
+    fn drop(&mut self) {
+        // SAFETY: the memory came from `source`'s allocator and is given back once, here.
+        unsafe { self.source.get().free_parts(&self.parts()) }
+    }
+}
+
+impl From<PooledBuf> for Bytes {
+    /// [`PooledBuf::freeze`].
+    fn from(buf: PooledBuf) -> Bytes {
+        buf.freeze()
+    }
+}
+
+/// A frozen buffer inside `Bytes` (its owner): read only, dropped with the last clone.
+struct Frozen(PooledBuf);
+
+impl AsRef<[u8]> for Frozen {
+    #[inline]
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Deref for PooledBuf {
+    type Target = [u8];
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the first `len` bytes were written (by `extend_from_slice`, or by a
+        // `BufMut` writer that vouched for them in `advance_mut`).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for PooledBuf {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for `deref`, borrowed mutably with `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl AsRef<[u8]> for PooledBuf {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl AsMut<[u8]> for PooledBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+// SAFETY: `remaining_mut` never shrinks except by `advance_mut`; `chunk_mut` returns the
+// spare capacity, which is never empty (it grows first when full); `advance_mut` moves
+// `len` only over spare capacity, panicking otherwise.
+unsafe impl BufMut for PooledBuf {
+    /// As `BytesMut`'s: the buffer grows, so only `isize::MAX` bounds it.
+    #[inline]
+    fn remaining_mut(&self) -> usize {
+        isize::MAX as usize - self.len
+    }
+
+    #[inline]
+    unsafe fn advance_mut(&mut self, cnt: usize) {
+        let spare = self.cap - self.len;
+        assert!(
+            cnt <= spare,
+            "PooledBuf::advance_mut: advancing by {cnt} bytes past the {spare} bytes of spare capacity"
+        );
+        self.len += cnt;
+    }
+
+    #[inline]
+    fn chunk_mut(&mut self) -> &mut UninitSlice {
+        if self.len == self.cap {
+            // Full: grow by what `BytesMut` grows by when full.
+            self.reserve(64);
+        }
+        self.spare()
+    }
+
+    #[inline]
+    #[track_caller]
+    fn put_slice(&mut self, src: &[u8]) {
+        self.extend_from_slice(src);
+    }
+
+    #[inline]
+    #[track_caller]
+    fn put_bytes(&mut self, val: u8, cnt: usize) {
+        self.reserve(cnt);
+        // SAFETY: `reserve` made room for `cnt` bytes after `len`.
+        unsafe { self.ptr.as_ptr().add(self.len).write_bytes(val, cnt) };
+        self.len += cnt;
+    }
+}
+
+/// Writes grow the buffer; where growth fails (memory, a `max_live` cap, `isize::MAX`)
+/// the write returns an error of kind `OutOfMemory` and the buffer is unchanged.
+impl io::Write for PooledBuf {
+    #[inline]
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_all(buf).map(|()| buf.len())
+    }
+
+    #[inline]
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.try_reserve(buf.len())
+            .map_err(|e| io::Error::new(io::ErrorKind::OutOfMemory, e))?;
+        self.extend_from_slice(buf);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl fmt::Debug for PooledBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PooledBuf")
+            .field("len", &self.len)
+            .field("capacity", &self.cap)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,237 @@
+//! Pooled I/O buffers against `BytesMut` under glibc's malloc, mimalloc and jemalloc as
+//! global allocators: the targets' three workloads.
+//!
+//! - `lifecycle`: take a 2 KiB buffer, fill it (one 2 KiB `put_slice`), freeze it, clone
+//!   the `Bytes` twice, drop all three (ns per lifecycle);
+//! - `reuse`: take, fill, drop, with no freeze (the buffer used as a `BufMut` only);
+//! - `handoff`, two threads: one takes, fills and freezes, and hands the `Bytes` through
+//!   a 256-slot queue to the other, which drops it (ns per buffer; hyper's pattern of a
+//!   body written by one task and sent by another).
+//!
+//! A buffer's global allocator is the process's, chosen before its first allocation
+//! (the showdown's `Global`), so the parent runs one child process per global allocator
+//! and round, interleaved: round 1 glibc, mimalloc, jemalloc, round 2 again... Each child
+//! runs both contenders (`BytesMut`, `PooledBuf`) alternately, `reps` samples each, and
+//! prints its best sample (one thread) or its median (two threads); the parent reports
+//! the minimum over rounds (one thread) and the median over rounds (two threads), and
+//! every contender's ratio to the best `BytesMut`.
+//!
+//! `cargo run --release -p proxalloc-tools --bin buffers -- [ROUNDS]` (default 7).
+
+#[path = "../../../examples/showdown/global.rs"]
+#[allow(dead_code)]
+mod global;
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use crossbeam_queue::ArrayQueue;
+use proxalloc::{BufferAllocator, PooledBuf};
+
+#[global_allocator]
+static GLOBAL: global::Global<tikv_jemallocator::Jemalloc> =
+    global::Global::new(Some(tikv_jemallocator::Jemalloc));
+
+static BUFS: BufferAllocator = BufferAllocator::new();
+
+const SIZE: usize = 2048;
+const CONTENDERS: [&str; 2] = ["BytesMut", "PooledBuf"];
+const WORKLOADS: [&str; 3] = ["lifecycle", "reuse", "handoff"];
+
+/// What one contender does: take a buffer of `SIZE`, fill it, and either drop it or
+/// freeze it.
+trait Contender {
+    fn filled(src: &[u8]) -> Self;
+    fn freeze(self) -> Bytes;
+}
+
+impl Contender for BytesMut {
+    #[inline(always)]
+    fn filled(src: &[u8]) -> Self {
+        let mut b = BytesMut::with_capacity(SIZE);
+        b.put_slice(src);
+        b
+    }
+    #[inline(always)]
+    fn freeze(self) -> Bytes {
+        BytesMut::freeze(self)
+    }
+}
+
+impl Contender for PooledBuf {
+    #[inline(always)]
+    fn filled(src: &[u8]) -> Self {
+        let mut b = BUFS.alloc(SIZE);
+        b.put_slice(src);
+        b
+    }
+    #[inline(always)]
+    fn freeze(self) -> Bytes {
+        PooledBuf::freeze(self)
+    }
+}
+
+fn lifecycle<C: Contender>(n: u64, src: &[u8]) -> f64 {
+    let t = Instant::now();
+    for _ in 0..n {
+        let b = C::filled(black_box(src)).freeze();
+        let (c1, c2) = (b.clone(), b.clone());
+        black_box((&b, &c1, &c2));
+        drop((b, c1, c2));
+    }
+    t.elapsed().as_nanos() as f64 / n as f64
+}
+
+fn reuse<C: Contender>(n: u64, src: &[u8]) -> f64 {
+    let t = Instant::now();
+    for _ in 0..n {
+        let b = C::filled(black_box(src));
+        black_box(&b);
+        drop(b);
+    }
+    t.elapsed().as_nanos() as f64 / n as f64
+}
+
+fn handoff<C: Contender>(n: u64, src: &[u8]) -> f64 {
+    let queue = Arc::new(ArrayQueue::<Bytes>::new(256));
+    let start = Arc::new(Barrier::new(2));
+    let done = Arc::new(AtomicBool::new(false));
+    let consumer = {
+        let (queue, start, done) = (queue.clone(), start.clone(), done.clone());
+        std::thread::spawn(move || {
+            start.wait();
+            let mut got = 0u64;
+            while got < n {
+                match queue.pop() {
+                    Some(b) => {
+                        black_box(&b);
+                        drop(b);
+                        got += 1;
+                    }
+                    None if done.load(Ordering::Relaxed) => break,
+                    None => std::hint::spin_loop(),
+                }
+            }
+        })
+    };
+    start.wait();
+    let t = Instant::now();
+    for _ in 0..n {
+        let mut b = C::filled(black_box(src)).freeze();
+        while let Err(back) = queue.push(b) {
+            b = back;
+            std::hint::spin_loop();
+        }
+    }
+    consumer.join().unwrap();
+    done.store(true, Ordering::Relaxed);
+    t.elapsed().as_nanos() as f64 / n as f64
+}
+
+fn run_one(workload: &str, contender: &str, n: u64, src: &[u8]) -> f64 {
+    match (workload, contender) {
+        ("lifecycle", "BytesMut") => lifecycle::<BytesMut>(n, src),
+        ("lifecycle", _) => lifecycle::<PooledBuf>(n, src),
+        ("reuse", "BytesMut") => reuse::<BytesMut>(n, src),
+        ("reuse", _) => reuse::<PooledBuf>(n, src),
+        ("handoff", "BytesMut") => handoff::<BytesMut>(n, src),
+        _ => handoff::<PooledBuf>(n, src),
+    }
+}
+
+/// A child: every workload and contender, interleaved, `reps` samples each; prints
+/// `workload contender ns` lines (min for one thread, median for two).
+fn child(reps: usize) {
+    let src = [0x5Au8; SIZE];
+    // Warm both: the pooled classes' caches and the global allocator's.
+    for w in WORKLOADS {
+        for c in CONTENDERS {
+            run_one(w, c, 20_000, &src);
+        }
+    }
+    let mut samples: BTreeMap<(&str, &str), Vec<f64>> = BTreeMap::new();
+    for _ in 0..reps {
+        for w in WORKLOADS {
+            let n = if w == "handoff" { 100_000 } else { 200_000 };
+            for c in CONTENDERS {
+                samples
+                    .entry((w, c))
+                    .or_default()
+                    .push(run_one(w, c, n, &src));
+            }
+        }
+    }
+    for ((w, c), mut v) in samples {
+        v.sort_by(f64::total_cmp);
+        let figure = if w == "handoff" { v[v.len() / 2] } else { v[0] };
+        println!("{w} {c} {figure:.2}");
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--child") {
+        child(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5));
+        return;
+    }
+    let rounds: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(7);
+    let exe = std::env::current_exe().expect("own path");
+    // (workload, global, contender) -> one figure per round.
+    let mut figures: BTreeMap<(String, String, String), Vec<f64>> = BTreeMap::new();
+    for round in 0..rounds {
+        for kind in global::Kind::ALL {
+            let out = Command::new(&exe)
+                .args(["--child", "5"])
+                .env(global::ENV, kind.flag())
+                .output()
+                .expect("run a child");
+            assert!(out.status.success(), "child under {} failed", kind.flag());
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                let mut f = line.split_whitespace();
+                let (w, c, ns) = (f.next().unwrap(), f.next().unwrap(), f.next().unwrap());
+                figures
+                    .entry((w.to_string(), kind.flag().to_string(), c.to_string()))
+                    .or_default()
+                    .push(ns.parse().unwrap());
+            }
+        }
+        eprintln!("round {} of {rounds} done", round + 1);
+    }
+    println!(
+        "# {rounds} rounds; one thread: min over rounds, two threads: median; ratio to the best BytesMut"
+    );
+    println!(
+        "# the Bytes::from_owner box of a frozen PooledBuf: {} bytes",
+        std::mem::size_of::<usize>() + std::mem::size_of::<PooledBuf>()
+    );
+    println!("| workload | global | contender | ns | vs best `BytesMut` |");
+    println!("| --- | --- | --- | ---: | ---: |");
+    for w in WORKLOADS {
+        let pick = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            if w == "handoff" {
+                v[v.len() / 2]
+            } else {
+                v[0]
+            }
+        };
+        let rows: Vec<(String, String, f64)> = figures
+            .iter()
+            .filter(|((fw, _, _), _)| fw == w)
+            .map(|((_, g, c), v)| (g.clone(), c.clone(), pick(v.clone())))
+            .collect();
+        let best = rows
+            .iter()
+            .filter(|(_, c, _)| c == "BytesMut")
+            .map(|r| r.2)
+            .fold(f64::INFINITY, f64::min);
+        for (g, c, ns) in rows {
+            println!("| {w} | {g} | `{c}` | {ns:.1} | {:.2}× |", ns / best);
+        }
+    }
+}
