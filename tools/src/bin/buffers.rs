@@ -8,6 +8,9 @@
 //!   a 256-slot queue to the other, which drops it (ns per buffer; hyper's pattern of a
 //!   body written by one task and sent by another).
 //!
+//! - `floor`: what no pool can avoid: the fill into one reused buffer, and, frozen, the
+//!   `Bytes::from_owner` box and reference counts over a static slice.
+//!
 //! A buffer's global allocator is the process's, chosen before its first allocation
 //! (the showdown's `Global`), so the parent runs one child process per global allocator
 //! and round, interleaved: round 1 glibc, mimalloc, jemalloc, round 2 again... Each child
@@ -16,7 +19,9 @@
 //! the minimum over rounds (one thread) and the median over rounds (two threads), and
 //! every contender's ratio to the best `BytesMut`.
 //!
-//! `cargo run --release -p proxalloc-tools --bin buffers -- [ROUNDS]` (default 7).
+//! `cargo run --release -p proxalloc-tools --bin buffers -- [ROUNDS]` (default 7). For a
+//! profiler, one contender alone: `ONLY=reuse,PooledBuf SHOWDOWN_GLOBAL=jemalloc
+//! target/release/buffers --child 3`.
 
 #[path = "../../../examples/showdown/global.rs"]
 #[allow(dead_code)]
@@ -40,7 +45,7 @@ static GLOBAL: global::Global<tikv_jemallocator::Jemalloc> =
 static BUFS: BufferAllocator = BufferAllocator::new();
 
 const SIZE: usize = 2048;
-const CONTENDERS: [&str; 2] = ["BytesMut", "PooledBuf"];
+const CONTENDERS: [&str; 3] = ["BytesMut", "PooledBuf", "floor"];
 const WORKLOADS: [&str; 3] = ["lifecycle", "reuse", "handoff"];
 
 /// What one contender does: take a buffer of `SIZE`, fill it, and either drop it or
@@ -76,6 +81,30 @@ impl Contender for PooledBuf {
     }
 }
 
+/// What no pool can avoid: the fill (into one reused buffer, no allocation) and, once
+/// frozen, `Bytes::from_owner`'s box and reference counts (over a static slice).
+struct Floor;
+
+static FLOOR_BYTES: [u8; SIZE] = [0x5A; SIZE];
+
+impl Contender for Floor {
+    #[inline(always)]
+    fn filled(src: &[u8]) -> Self {
+        #[repr(align(64))]
+        struct A([u8; SIZE]);
+        thread_local! { static BUF: std::cell::RefCell<Box<A>> = std::cell::RefCell::new(Box::new(A([0; SIZE]))); }
+        BUF.with_borrow_mut(|b| {
+            b.0[..src.len()].copy_from_slice(src);
+            black_box(&b.0[..]);
+        });
+        Floor
+    }
+    #[inline(always)]
+    fn freeze(self) -> Bytes {
+        Bytes::from_owner(&FLOOR_BYTES[..])
+    }
+}
+
 fn lifecycle<C: Contender>(n: u64, src: &[u8]) -> f64 {
     let t = Instant::now();
     for _ in 0..n {
@@ -92,7 +121,6 @@ fn reuse<C: Contender>(n: u64, src: &[u8]) -> f64 {
     for _ in 0..n {
         let b = C::filled(black_box(src));
         black_box(&b);
-        drop(b);
     }
     t.elapsed().as_nanos() as f64 / n as f64
 }
@@ -136,11 +164,14 @@ fn handoff<C: Contender>(n: u64, src: &[u8]) -> f64 {
 fn run_one(workload: &str, contender: &str, n: u64, src: &[u8]) -> f64 {
     match (workload, contender) {
         ("lifecycle", "BytesMut") => lifecycle::<BytesMut>(n, src),
-        ("lifecycle", _) => lifecycle::<PooledBuf>(n, src),
+        ("lifecycle", "PooledBuf") => lifecycle::<PooledBuf>(n, src),
+        ("lifecycle", _) => lifecycle::<Floor>(n, src),
         ("reuse", "BytesMut") => reuse::<BytesMut>(n, src),
-        ("reuse", _) => reuse::<PooledBuf>(n, src),
+        ("reuse", "PooledBuf") => reuse::<PooledBuf>(n, src),
+        ("reuse", _) => reuse::<Floor>(n, src),
         ("handoff", "BytesMut") => handoff::<BytesMut>(n, src),
-        _ => handoff::<PooledBuf>(n, src),
+        ("handoff", "PooledBuf") => handoff::<PooledBuf>(n, src),
+        _ => handoff::<Floor>(n, src),
     }
 }
 
@@ -148,6 +179,14 @@ fn run_one(workload: &str, contender: &str, n: u64, src: &[u8]) -> f64 {
 /// `workload contender ns` lines (min for one thread, median for two).
 fn child(reps: usize) {
     let src = [0x5Au8; SIZE];
+    // `ONLY=workload,contender`: that one alone, for a profiler.
+    if let Ok(only) = std::env::var("ONLY") {
+        let (w, c) = only.split_once(',').expect("ONLY=workload,contender");
+        for _ in 0..reps {
+            println!("{w} {c} {:.2}", run_one(w, c, 2_000_000, &src));
+        }
+        return;
+    }
     // Warm both: the pooled classes' caches and the global allocator's.
     for w in WORKLOADS {
         for c in CONTENDERS {
