@@ -414,12 +414,16 @@ impl BlockSource {
     fn trim_parts(&self, trim: impl Fn(&dyn Registered) -> usize) -> usize {
         registry::trim_each(
             |part| {
+                // A class never used has nothing to trim, and gets no engine for it.
                 for class in [
-                    self.c8.engine(),
-                    self.c16.engine(),
-                    self.c32.engine(),
-                    self.c64.engine(),
-                ] {
+                    self.c8.used_engine(),
+                    self.c16.used_engine(),
+                    self.c32.used_engine(),
+                    self.c64.used_engine(),
+                ]
+                .into_iter()
+                .flatten()
+                {
                     part(class);
                 }
                 part(&*self.large);
