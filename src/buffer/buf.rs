@@ -38,8 +38,8 @@ pub(super) struct Parts {
 }
 
 /// A writable byte buffer from a [`BufferAllocator`]'s size classes: `len` initialised
-/// bytes followed by spare capacity, like a `Vec<u8>` that cannot shrink below its
-/// class. Dropping it gives the slot back to the dropping thread's cache;
+/// bytes followed by spare capacity, like a `Vec<u8>` that never shrinks. Dropping it
+/// gives the slot back to the cache nearest to the dropping thread;
 /// [`freeze`](Self::freeze) turns it into [`Bytes`] without copying.
 ///
 /// It implements [`BufMut`] (so `tokio::io::AsyncReadExt::read_buf` reads into its
@@ -112,7 +112,8 @@ impl PooledBuf {
     }
 
     /// The bytes the buffer's memory holds: its class's size (or, above the largest
-    /// class, the request rounded up to 4 KiB).
+    /// class, the request rounded up to 4 KiB; after a growth there, at least twice
+    /// the capacity before it).
     #[inline]
     pub fn capacity(&self) -> usize {
         self.cap
@@ -167,7 +168,11 @@ impl PooledBuf {
     /// allocator above 64 KiB) and gives the old slot back.
     ///
     /// # Panics
-    /// If the new length would pass `isize::MAX`; aborts if memory cannot be had.
+    /// If the new capacity would pass `isize::MAX` once rounded up; aborts through
+    /// `handle_alloc_error` if memory cannot be had or a
+    /// [`Config::max_live`](crate::Config::max_live) cap refuses
+    /// ([`try_reserve`](Self::try_reserve) returns these as errors). Above 64 KiB a
+    /// growth at least doubles the capacity.
     ///
     /// ```
     /// let mut b = proxalloc::BufferAllocator::global().alloc(512);
@@ -212,7 +217,7 @@ impl PooledBuf {
             .len
             .checked_add(additional)
             .filter(|&n| n <= isize::MAX as usize)
-            .ok_or(BufferError::TooLarge(additional))?;
+            .ok_or(BufferError::TooLarge(self.len.saturating_add(additional)))?;
         // Above the classes, double at least (as `Vec` does), so a loop of small writes
         // stays linear; within them, the next class already doubles.
         let target = if needed > super::BUFFER_CLASSES[7] {
@@ -342,6 +347,11 @@ impl AsMut<[u8]> for PooledBuf {
     }
 }
 
+/// As `BytesMut`'s: writes past the capacity grow the buffer (see
+/// [`PooledBuf::reserve`], whose panics and aborts they share: under a
+/// [`Config::max_live`](crate::Config::max_live) cap, a growth refused aborts, so call
+/// [`try_reserve`](PooledBuf::try_reserve) first), and `advance_mut` past the spare
+/// capacity panics.
 // SAFETY: `remaining_mut` never shrinks except by `advance_mut`; `chunk_mut` returns the
 // spare capacity, which is never empty (it grows first when full); `advance_mut` moves
 // `len` only over spare capacity, panicking otherwise.

@@ -31,8 +31,8 @@ pub enum LeakLevel {
     /// Nothing is recorded.
     Disabled = 0,
     /// One allocation in [`SAMPLE_INTERVAL`](LeakLevel::SAMPLE_INTERVAL), drawn at
-    /// random, is recorded with the place it was made (the default: a lock and a clock
-    /// read per sampled buffer). A leak that repeats is found after a few hundred
+    /// random, is recorded with the place it was made (the default: a lock, a clock
+    /// read and two map inserts per sampled buffer, and the lock again at its free). A leak that repeats is found after a few hundred
     /// occurrences.
     #[default]
     Sampled = 1,
@@ -68,7 +68,8 @@ pub struct LiveBuffer {
     pub capacity: usize,
     /// How long ago it was allocated.
     pub age: Duration,
-    /// Where it was allocated (the caller of `alloc`, `try_alloc` or `alloc_arc`).
+    /// Where it was allocated (the caller of `alloc`, `try_alloc`, `alloc_arc` or
+    /// `try_alloc_arc`).
     pub location: &'static Location<'static>,
     /// The stack at its allocation, at [`LeakLevel::AllWithBacktraces`].
     pub backtrace: Option<Arc<Backtrace>>,

@@ -82,8 +82,8 @@ fn class_of(capacity: usize) -> Option<usize> {
 pub enum BufferError {
     /// A buffer of capacity 0 was asked for: every buffer has room for at least one byte.
     ZeroCapacity,
-    /// The capacity asked for (carried) is above `isize::MAX` once rounded up, the most
-    /// any allocation may have.
+    /// The capacity asked for (carried; for a growth, the length it would reach) is
+    /// above `isize::MAX` once rounded up, the most any allocation may have.
     TooLarge(usize),
     /// The class allocator refused (the global allocator failed under it, or a
     /// [`Config::max_live`] cap was reached), or the global allocator failed an
@@ -341,7 +341,9 @@ impl BufferAllocator {
     }
 
     /// Like [`alloc`](Self::alloc), but returns an error instead of panicking or
-    /// aborting.
+    /// aborting. (As with [`ClassAllocator::try_alloc`](crate::ClassAllocator::try_alloc),
+    /// bookkeeping that the allocator itself allocates, such as the first oversize
+    /// buffer's stats row or a leak record, still aborts if the global allocator fails.)
     ///
     /// ```
     /// static BUFS: proxalloc::BufferAllocator = proxalloc::BufferAllocator::new();
@@ -550,7 +552,9 @@ impl BufferAllocator {
 
     /// Gives back what went unused since the previous call, as
     /// [`trim_idle`](crate::trim_idle) does for every allocator; returns the bytes
-    /// released. The first call only starts the interval.
+    /// released. The first call only starts the interval, which is each class's own and
+    /// shared with every caller of this and of [`trim_idle`](crate::trim_idle); a call
+    /// less than a millisecond after the previous one does nothing.
     pub fn trim_idle(&self) -> usize {
         self.trim_classes(|class| class.trim_idle())
     }

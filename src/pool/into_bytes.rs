@@ -29,12 +29,17 @@ impl AsRef<[u8]> for PoolOwner {
 impl Pool<'static> {
     /// Runs `write` on the pool and returns the bytes it returns as [`Bytes`] that own
     /// the pool: hyper or tokio send them from where they were written, with no copy,
-    /// and the pool's blocks go back to its source when the last clone or slice of them
-    /// is dropped, on whichever thread that is. The pool can no longer be used.
+    /// and the pool is dropped when the last clone or slice of them is, on whichever
+    /// thread that is: its blocks go back to its source and its cleanups
+    /// ([`on_clear`](Pool::on_clear), [`alloc_owned`](Pool::alloc_owned) values) run
+    /// there; a cleanup that panics panics out of that drop. The pool can no longer be
+    /// used. (A method of `Pool<'static>`: the bytes may outlive any scope, so the pool's
+    /// block source must too.)
     ///
     /// Like [`PooledBuf::freeze`](crate::PooledBuf::freeze), it allocates the
-    /// `Bytes::from_owner` box (one small global-allocator allocation); an empty result
-    /// is `Bytes::new()`, and the pool is dropped at once.
+    /// `Bytes::from_owner` box from the global allocator, here holding the whole `Pool`
+    /// value (about 170 bytes); an empty result is `Bytes::new()`, and the pool is
+    /// dropped at once.
     ///
     /// ```
     /// use std::fmt::Write;
