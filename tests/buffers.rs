@@ -463,3 +463,42 @@ fn sampling_finds_a_leak_at_every_other_allocation() {
     assert!(!live.is_empty(), "about 16 expected");
     assert!(live.iter().all(|b| b.location.line() == body_line));
 }
+
+/// The last `Bytes` of a pool is dropped on another thread, whose drop runs the pool's
+/// cleanup: the cleanup allocates and freezes a buffer from the same allocator (re-entry
+/// from a destructor), then parks inside the drop while this thread runs `trim_all`,
+/// the allocator's `trim` and `stats`; nothing is lost and the books are exact.
+#[test]
+fn a_cleanup_run_by_the_last_bytes_drop_reenters_and_parks_while_others_trim() {
+    static BUFS: BufferAllocator = BufferAllocator::new();
+    let parked = Arc::new(Barrier::new(2));
+    let resume = Arc::new(Barrier::new(2));
+    let pool = Pool::new();
+    {
+        let (parked, resume) = (parked.clone(), resume.clone());
+        let _key = pool.on_clear(move || {
+            let mut inner = BUFS.alloc(700);
+            inner.put_slice(b"from a destructor");
+            let frozen = inner.freeze();
+            parked.wait();
+            resume.wait();
+            assert_eq!(&frozen[..], b"from a destructor");
+        });
+    }
+    let body = pool.into_bytes(|pool| pool.alloc_str("pool body").as_bytes());
+    let dropper = std::thread::spawn(move || drop(body));
+    parked.wait(); // the dropping thread is inside the pool's drop now
+    let held = BUFS.alloc(3000);
+    proxalloc::trim_all();
+    BUFS.trim();
+    let s = BUFS.stats();
+    assert_eq!(
+        (s.classes[1].live, s.classes[3].live),
+        (1, 1),
+        "the parked one and ours"
+    );
+    resume.wait();
+    dropper.join().unwrap();
+    drop(held);
+    assert_all_back(&BUFS.stats());
+}

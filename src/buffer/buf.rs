@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::buf::UninitSlice;
 use bytes::{BufMut, Bytes};
 
-use super::{BufferAllocator, BufferError, Origin};
+use super::{BufferAllocator, BufferError};
 
 /// The allocator a buffer goes back to: a `static` one, or one kept alive by the buffer.
 pub(super) enum Source {
@@ -28,11 +28,12 @@ impl Source {
 }
 
 /// A buffer's memory as its allocator handed it out.
+#[derive(Clone, Copy)]
 pub(super) struct Parts {
     pub(super) ptr: NonNull<u8>,
-    /// The bytes at `ptr` (the class size, or the rounded oversize size).
+    /// The bytes at `ptr`: a class's size exactly, or (oversize) more than the largest
+    /// class's, which is how a free finds where the memory goes back.
     pub(super) cap: usize,
-    pub(super) origin: Origin,
     /// Recorded by the leak tracker (to be forgotten there when freed).
     pub(super) tracked: bool,
 }
@@ -63,11 +64,8 @@ pub(super) struct Parts {
 /// assert_eq!((buf.len(), buf.capacity()), (2007, 2048));
 /// ```
 pub struct PooledBuf {
-    ptr: NonNull<u8>,
+    mem: Parts,
     len: usize,
-    cap: usize,
-    origin: Origin,
-    tracked: bool,
     source: Source,
 }
 
@@ -79,23 +77,11 @@ unsafe impl Sync for PooledBuf {}
 
 impl PooledBuf {
     #[inline(always)]
-    pub(super) fn from_parts(parts: Parts, source: Source) -> Self {
+    pub(super) fn from_parts(mem: Parts, source: Source) -> Self {
         PooledBuf {
-            ptr: parts.ptr,
+            mem,
             len: 0,
-            cap: parts.cap,
-            origin: parts.origin,
-            tracked: parts.tracked,
             source,
-        }
-    }
-
-    fn parts(&self) -> Parts {
-        Parts {
-            ptr: self.ptr,
-            cap: self.cap,
-            origin: self.origin,
-            tracked: self.tracked,
         }
     }
 
@@ -116,7 +102,7 @@ impl PooledBuf {
     /// the capacity before it).
     #[inline]
     pub fn capacity(&self) -> usize {
-        self.cap
+        self.mem.cap
     }
 
     /// Forgets what was written; the capacity stays.
@@ -147,16 +133,28 @@ impl PooledBuf {
     #[track_caller]
     pub fn extend_from_slice(&mut self, bytes: &[u8]) {
         self.reserve(bytes.len());
+        // SAFETY: `reserve` made room.
+        unsafe { self.append(bytes) };
+    }
+
+    /// Appends `bytes`.
+    ///
+    /// # Safety
+    /// The spare capacity holds them (`reserve` or `try_reserve` made room).
+    #[inline]
+    unsafe fn append(&mut self, bytes: &[u8]) {
         let at = self.len;
+        debug_assert!(bytes.len() <= self.mem.cap - at);
         // The length is stored before the copy, not after: a move of the buffer right
         // after the copy (into `freeze`, a `Vec`, a call) reads the length with its
         // neighbour in one 16-byte load, which a store still in flight cannot forward
         // to (a stall that cost a 2 KiB fill-and-drop half its time).
         self.len = at + bytes.len();
-        // SAFETY: `reserve` made room for `bytes.len()` bytes after `at`; a `&[u8]`
+        // SAFETY: room for `bytes.len()` bytes after `at` (the caller's contract); a `&[u8]`
         // cannot overlap the buffer's spare capacity, which nothing else borrows.
         unsafe {
-            self.ptr
+            self.mem
+                .ptr
                 .as_ptr()
                 .add(at)
                 .copy_from_nonoverlapping(bytes.as_ptr(), bytes.len());
@@ -184,7 +182,7 @@ impl PooledBuf {
     #[inline]
     #[track_caller]
     pub fn reserve(&mut self, additional: usize) {
-        if additional > self.cap - self.len {
+        if additional > self.mem.cap - self.len {
             if let Err(e) = self.grow(additional) {
                 super::fail(e, self.len.saturating_add(additional));
             }
@@ -203,7 +201,7 @@ impl PooledBuf {
     /// ```
     #[inline]
     pub fn try_reserve(&mut self, additional: usize) -> Result<(), BufferError> {
-        if additional > self.cap - self.len {
+        if additional > self.mem.cap - self.len {
             self.grow(additional)?;
         }
         Ok(())
@@ -221,24 +219,25 @@ impl PooledBuf {
         // Above the classes, double at least (as `Vec` does), so a loop of small writes
         // stays linear; within them, the next class already doubles.
         let target = if needed > super::BUFFER_CLASSES[7] {
-            needed.max(self.cap.saturating_mul(2).min(isize::MAX as usize))
+            needed.max(self.mem.cap.saturating_mul(2).min(isize::MAX as usize))
         } else {
             needed
         };
         let alloc = self.source.get();
-        let (ptr, cap, origin) = alloc.try_alloc_untracked(target)?;
+        let mut new = alloc.try_alloc_untracked(target)?;
         // SAFETY: the new memory holds at least `needed >= len` bytes and is not the
         // old (both are live at once); `len` bytes of the old are initialised.
         unsafe {
-            ptr.as_ptr()
-                .copy_from_nonoverlapping(self.ptr.as_ptr(), self.len)
+            new.ptr
+                .as_ptr()
+                .copy_from_nonoverlapping(self.mem.ptr.as_ptr(), self.len)
         };
-        let old = self.parts();
+        // The record follows the bytes, with the place of the first allocation.
+        new.tracked = self.mem.tracked;
         // The buffer owns the new memory before anything else runs.
-        (self.ptr, self.cap, self.origin) = (ptr, cap, origin);
+        let old = std::mem::replace(&mut self.mem, new);
         if old.tracked {
-            // The record follows the bytes, with the place of the first allocation.
-            alloc.leaks.moved(old.ptr, ptr, cap);
+            alloc.leaks.moved(old.ptr, new.ptr, new.cap);
         }
         // SAFETY: the old memory came from this allocator, and nothing refers to it any
         // more (the buffer now holds the new); the tracker's record moved with the bytes.
@@ -287,7 +286,10 @@ impl PooledBuf {
         // SAFETY: `ptr + len .. ptr + cap` is the buffer's own memory, borrowed mutably
         // with `self`; `UninitSlice` allows no reads of it.
         unsafe {
-            UninitSlice::from_raw_parts_mut(self.ptr.as_ptr().add(self.len), self.cap - self.len)
+            UninitSlice::from_raw_parts_mut(
+                self.mem.ptr.as_ptr().add(self.len),
+                self.mem.cap - self.len,
+            )
         }
     }
 }
@@ -296,7 +298,7 @@ impl Drop for PooledBuf {
     #[inline]
     fn drop(&mut self) {
         // SAFETY: the memory came from `source`'s allocator and is given back once, here.
-        unsafe { self.source.get().free_parts(&self.parts()) }
+        unsafe { self.source.get().free_parts(&self.mem) }
     }
 }
 
@@ -323,7 +325,7 @@ impl Deref for PooledBuf {
     fn deref(&self) -> &[u8] {
         // SAFETY: the first `len` bytes were written (by `extend_from_slice`, or by a
         // `BufMut` writer that vouched for them in `advance_mut`).
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.mem.ptr.as_ptr(), self.len) }
     }
 }
 
@@ -331,7 +333,7 @@ impl DerefMut for PooledBuf {
     #[inline]
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as for `deref`, borrowed mutably with `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.mem.ptr.as_ptr(), self.len) }
     }
 }
 
@@ -364,7 +366,7 @@ unsafe impl BufMut for PooledBuf {
 
     #[inline]
     unsafe fn advance_mut(&mut self, cnt: usize) {
-        let spare = self.cap - self.len;
+        let spare = self.mem.cap - self.len;
         assert!(
             cnt <= spare,
             "PooledBuf::advance_mut: advancing by {cnt} bytes past the {spare} bytes of spare capacity"
@@ -374,7 +376,7 @@ unsafe impl BufMut for PooledBuf {
 
     #[inline]
     fn chunk_mut(&mut self) -> &mut UninitSlice {
-        if self.len == self.cap {
+        if self.len == self.mem.cap {
             // Full: grow by what `BytesMut` grows by when full.
             self.reserve(64);
         }
@@ -392,7 +394,7 @@ unsafe impl BufMut for PooledBuf {
     fn put_bytes(&mut self, val: u8, cnt: usize) {
         self.reserve(cnt);
         // SAFETY: `reserve` made room for `cnt` bytes after `len`.
-        unsafe { self.ptr.as_ptr().add(self.len).write_bytes(val, cnt) };
+        unsafe { self.mem.ptr.as_ptr().add(self.len).write_bytes(val, cnt) };
         self.len += cnt;
     }
 }
@@ -409,7 +411,8 @@ impl io::Write for PooledBuf {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         self.try_reserve(buf.len())
             .map_err(|e| io::Error::new(io::ErrorKind::OutOfMemory, e))?;
-        self.extend_from_slice(buf);
+        // SAFETY: `try_reserve` made room.
+        unsafe { self.append(buf) };
         Ok(())
     }
 
@@ -422,7 +425,7 @@ impl fmt::Debug for PooledBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PooledBuf")
             .field("len", &self.len)
-            .field("capacity", &self.cap)
+            .field("capacity", &self.mem.cap)
             .finish_non_exhaustive()
     }
 }

@@ -116,6 +116,16 @@ struct Oversize {
 }
 
 impl Oversize {
+    /// Counters at zero (`id` 0: a row for an allocator that had no oversize buffer).
+    const fn new(id: u64) -> Self {
+        Oversize {
+            id,
+            allocs: AtomicU64::new(0),
+            frees: AtomicU64::new(0),
+            live_bytes: AtomicU64::new(0),
+        }
+    }
+
     fn stats(&self) -> Stats {
         // Frees first: a free that races the read is never counted without its alloc.
         let frees = self.frees.load(Ordering::Relaxed);
@@ -195,13 +205,6 @@ pub(super) fn fail(e: BufferError, capacity: usize) -> ! {
         }
         e => panic!("{e}"),
     }
-}
-
-/// Where a buffer's memory came from: a class (0..8) or the global allocator.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Origin {
-    Class(u8),
-    Oversize,
 }
 
 /// Hands out [`PooledBuf`]s in the size classes of [`BUFFER_CLASSES`], each served by
@@ -412,35 +415,29 @@ impl BufferAllocator {
     #[track_caller]
     #[inline]
     fn try_alloc_parts(&self, capacity: usize) -> Result<buf::Parts, BufferError> {
-        let (ptr, cap, origin) = self.try_alloc_untracked(capacity)?;
-        let tracked = self.leaks.on_alloc(ptr, cap);
-        Ok(buf::Parts {
-            ptr,
-            cap,
-            origin,
-            tracked,
-        })
+        let mut parts = self.try_alloc_untracked(capacity)?;
+        parts.tracked = self.leaks.on_alloc(parts.ptr, parts.cap);
+        Ok(parts)
     }
 
-    /// Memory for a buffer of at least `capacity` bytes: where, its real size, and
-    /// where it came from.
+    /// Memory for a buffer of at least `capacity` bytes, not recorded. Its capacity
+    /// says where it came from: exactly a class's size, or above the largest class.
     #[inline]
-    pub(super) fn try_alloc_untracked(
-        &self,
-        capacity: usize,
-    ) -> Result<(NonNull<u8>, usize, Origin), BufferError> {
-        match class_of(capacity) {
-            Some(0) if capacity == 0 => Err(BufferError::ZeroCapacity),
+    fn try_alloc_untracked(&self, capacity: usize) -> Result<buf::Parts, BufferError> {
+        let (ptr, cap) = match class_of(capacity) {
+            Some(0) if capacity == 0 => return Err(BufferError::ZeroCapacity),
             Some(class) => {
                 let ptr = on_class!(self, class, c => c.alloc_raw().map(NonNull::cast::<u8>))
                     .map_err(|_| BufferError::OutOfMemory)?;
-                Ok((ptr, BUFFER_CLASSES[class], Origin::Class(class as u8)))
+                (ptr, BUFFER_CLASSES[class])
             }
-            None => {
-                let (ptr, cap) = self.alloc_oversize(capacity)?;
-                Ok((ptr, cap, Origin::Oversize))
-            }
-        }
+            None => self.alloc_oversize(capacity)?,
+        };
+        Ok(buf::Parts {
+            ptr,
+            cap,
+            tracked: false,
+        })
     }
 
     #[cold]
@@ -461,12 +458,7 @@ impl BufferAllocator {
 
     fn oversize_counters(&self) -> &Oversize {
         self.oversize.get_or_init(|| {
-            let o = Arc::new(Oversize {
-                id: crate::core::ids::fresh_instance(),
-                allocs: AtomicU64::new(0),
-                frees: AtomicU64::new(0),
-                live_bytes: AtomicU64::new(0),
-            });
+            let o = Arc::new(Oversize::new(crate::core::ids::fresh_instance()));
             registry::register(&o);
             o
         })
@@ -481,13 +473,14 @@ impl BufferAllocator {
         if parts.tracked {
             self.leaks.on_free(parts.ptr);
         }
-        match parts.origin {
-            Origin::Class(class) => {
-                // SAFETY: from this class (`origin`), given back once (the caller's
+        // A class's memory has exactly its size; oversize memory is larger than any.
+        match class_of(parts.cap) {
+            Some(class) => {
+                // SAFETY: from this class (its size is the capacity), given back once (the caller's
                 // contract).
                 on_class!(self, class, c => unsafe { c.free_raw(parts.ptr.cast()) })
             }
-            Origin::Oversize => {
+            None => {
                 // SAFETY: allocated in `alloc_oversize` with this layout (`cap` is the
                 // rounded size, already checked there).
                 unsafe {
@@ -518,17 +511,9 @@ impl BufferAllocator {
                 },
             });
         }
-        let (oversize, oversize_live_bytes) = match self.oversize.get() {
-            Some(o) => (o.stats(), o.live_bytes.load(Ordering::Relaxed)),
-            None => (
-                Stats {
-                    name: "buffers-oversize",
-                    mode: crate::CacheMode::Bypass,
-                    ..Stats::default()
-                },
-                0,
-            ),
-        };
+        let unused = Oversize::new(0);
+        let o = self.oversize.get().map_or(&unused, |o| &**o);
+        let (oversize, oversize_live_bytes) = (o.stats(), o.live_bytes.load(Ordering::Relaxed));
         BufferStats {
             classes,
             oversize,

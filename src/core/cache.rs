@@ -170,9 +170,7 @@ impl Hints {
             None => false,
         }
     }
-}
 
-impl Hints {
     /// A per-CPU allocator's fast path (the front end's miss path runs it first): an
     /// object from this CPU's loaded magazine, or `None` (nothing changed; always for
     /// other allocators) when the thread has no rseq area, has moved, or the magazine is

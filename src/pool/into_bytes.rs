@@ -17,11 +17,10 @@ unsafe impl Send for PoolOwner {}
 
 impl AsRef<[u8]> for PoolOwner {
     fn as_ref(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr + len` is a slice that `write` returned with the pool's
-        // borrow: pool memory (heap blocks that stay put when the `Pool` value moves, and
-        // are freed only when it is cleared or dropped, which needs the pool, now ours)
-        // or `'static` data. Nothing can write it: the `&[u8]` borrow it came from was
-        // shared, and the pool is not used again.
+        // What `write` returned with the pool's borrow is pool memory (heap blocks that
+        // stay put when the `Pool` value moves, freed only by a clear or a drop, which
+        // need the pool, now ours) or `'static` data, and its borrow was shared.
+        // SAFETY: that slice, alive and unwritten while the pool is ours and unused.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
