@@ -48,6 +48,7 @@ mod debug;
 mod error;
 mod pool;
 mod registry;
+mod rows;
 pub mod stats;
 mod sync;
 
@@ -65,10 +66,10 @@ pub use config::{CacheMode, Config, BYPASS_ENV, MAX_MAGAZINE_SIZE};
 pub use debug::POISON;
 pub use error::AllocError;
 pub use pool::{
-    BlockAllocator, BlockSource, BlockSourceStats, CleanupKey, Pool, PoolStats, PoolVec,
-    PoolWriter, RawBlock, SubPool, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
+    BlockAllocator, BlockSource, CleanupKey, Pool, PoolStats, PoolVec, PoolWriter, RawBlock,
+    SubPool, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
 };
-pub use stats::Stats;
+pub use rows::{BlockSourceStats, Stats};
 
 /// The allocator-api2 crate (version 0.2) whose [`Allocator`](allocator_api2::alloc::Allocator)
 /// `&Pool` implements: collections from it, or from crates built on it such as hashbrown

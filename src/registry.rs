@@ -5,8 +5,8 @@
 //! list once its allocator is gone. The list holds weak references, so it never keeps an
 //! engine alive; it is touched only on those rare events and when someone reads it.
 
-use crate::stats::Stats;
-use crate::BlockSourceStats;
+use crate::rows::BlockSourceStats;
+use crate::rows::Stats;
 
 /// Something that can report stats and give memory back: a class allocator's engine, or
 /// a pool block source's large blocks.
@@ -208,68 +208,5 @@ pub(crate) fn trim_each(
 }
 
 #[cfg(all(test, not(proxalloc_loom)))]
-mod tests {
-    use super::{trim_each, Registered};
-    use crate::core::backing::OS_RELEASES;
-    use crate::{ClassAllocator, Config};
-
-    /// Allocators that each release less than the threshold for asking the OS, and more
-    /// together: one request for the whole walk, none for each. (A walk over these two
-    /// allocators only: the real `trim_all` would trim other tests' allocators.)
-    #[test]
-    fn a_walk_of_trims_asks_the_os_once_for_what_they_release_together() {
-        let config = Config::new().depot_bytes(4 << 20);
-        let a = ClassAllocator::<[u8; 1024]>::with_config("registry-os-release-a", config);
-        let b = ClassAllocator::<[u8; 1024]>::with_config("registry-os-release-b", config);
-        for x in [&a, &b] {
-            drop((0..600).map(|_| x.alloc([0; 1024])).collect::<Vec<_>>());
-        }
-        let before = OS_RELEASES.with(|n| n.get());
-        let released = trim_each(
-            |trim| {
-                for e in [a.engine(), b.engine()] {
-                    trim(e as &dyn Registered);
-                }
-            },
-            |s| s.trim(),
-        );
-        assert_eq!(released, 2 * 600 * 1024);
-        assert_eq!(
-            OS_RELEASES.with(|n| n.get()) - before,
-            1,
-            "1.2 MiB released in all: one request to the OS"
-        );
-        for x in [&a, &b] {
-            drop((0..600).map(|_| x.alloc([0; 1024])).collect::<Vec<_>>());
-        }
-        let before = OS_RELEASES.with(|n| n.get());
-        assert_eq!(a.trim() + b.trim(), 2 * 600 * 1024);
-        assert_eq!(
-            OS_RELEASES.with(|n| n.get()),
-            before,
-            "600 KiB per allocator: below the threshold each time"
-        );
-    }
-
-    /// One allocator's `trim` and `trim_idle` that release a megabyte ask the OS once
-    /// each (the single-allocator spike that `malloc_trim` is called for).
-    #[test]
-    fn an_allocators_trim_and_trim_idle_ask_the_os_for_a_megabyte() {
-        let a = ClassAllocator::<[u8; 1024]>::with_config(
-            "registry-os-release-one",
-            Config::new().depot_bytes(4 << 20),
-        );
-        let spike = || drop((0..1100).map(|_| a.alloc([0; 1024])).collect::<Vec<_>>());
-        let asked = || OS_RELEASES.with(|n| n.get());
-        spike();
-        let before = asked();
-        assert_eq!(a.trim(), 1100 * 1024);
-        assert_eq!(asked() - before, 1, "trim");
-        spike();
-        let before = asked();
-        assert_eq!(a.trim_idle(), 0, "the first call starts the interval");
-        std::thread::sleep(crate::core::admin::MIN_IDLE_INTERVAL * 3);
-        assert_eq!(a.trim_idle(), 1100 * 1024);
-        assert_eq!(asked() - before, 1, "trim_idle");
-    }
-}
+#[path = "tests/registry.rs"]
+mod tests;

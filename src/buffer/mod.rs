@@ -27,7 +27,7 @@ use std::sync::{Arc, OnceLock};
 use crate::class::{ClassAllocator, RawBytes};
 use crate::config::Config;
 use crate::registry::{self, Registered};
-use crate::stats::Stats;
+use crate::rows::Stats;
 
 /// The buffer size classes: a request is served by the smallest class that holds it,
 /// and the buffer's [`capacity`](PooledBuf::capacity) is the class size.

@@ -23,7 +23,7 @@ use crate::core::budget::ByteBudget;
 use crate::core::cache::{self, Hints};
 use crate::core::engine::Engine;
 use crate::error::AllocError;
-use crate::stats::Stats;
+use crate::rows::Stats;
 use crate::sync::{const_fn, Arc, ArcRef, LazyArc};
 
 /// An allocator of objects of one type, with per-thread caches.

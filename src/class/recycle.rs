@@ -11,7 +11,7 @@ use crate::class::ClassAllocator;
 use crate::config::Config;
 use crate::core::backing::{ObjectHooks, ValueHooks};
 use crate::error::AllocError;
-use crate::stats::Stats;
+use crate::rows::Stats;
 use crate::sync::const_fn;
 
 /// A type whose values can be reset for reuse.

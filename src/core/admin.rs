@@ -16,46 +16,11 @@
 //! shutdown is released when the engine drops.
 
 use super::engine::{Engine, Evictions, Listed};
+use super::idle::IdleInterval;
 use super::ids;
 use super::thread_cache::{self, Counts, Owner, ThreadCache};
-use crate::stats::Stats;
+use crate::rows::Stats;
 use crate::sync::{self, Ordering};
-
-/// The shortest interval `trim_idle` judges idleness over: a call sooner than this after
-/// the previous one that counted (back to back, or two callers at once) releases nothing
-/// and leaves the interval running, instead of finding every cache idle in an interval
-/// of microseconds. (None under loom, whose models make their calls back to back.)
-#[cfg(not(proxalloc_loom))]
-pub(crate) const MIN_IDLE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(1);
-#[cfg(proxalloc_loom)]
-pub(crate) const MIN_IDLE_INTERVAL: std::time::Duration = std::time::Duration::ZERO;
-
-/// [`MIN_IDLE_INTERVAL`], or in the crate's tests this thread's override of it (so that
-/// a test of a call too soon depends on no clock: under Miri, or on a loaded machine,
-/// two calls in a row may be milliseconds apart).
-pub(crate) fn min_idle_interval() -> std::time::Duration {
-    #[cfg(all(test, not(proxalloc_loom)))]
-    if let Some(d) = MIN_IDLE_INTERVAL_OVERRIDE.with(std::cell::Cell::get) {
-        return d;
-    }
-    MIN_IDLE_INTERVAL
-}
-
-#[cfg(all(test, not(proxalloc_loom)))]
-std::thread_local! {
-    /// This thread's override of [`MIN_IDLE_INTERVAL`] (see [`min_idle_interval`]).
-    pub(crate) static MIN_IDLE_INTERVAL_OVERRIDE: std::cell::Cell<Option<std::time::Duration>> =
-        const { std::cell::Cell::new(None) };
-}
-
-/// What `trim_idle` found of one allocator's interval.
-pub(crate) enum IdleInterval {
-    /// Shorter than [`MIN_IDLE_INTERVAL`]: nothing done.
-    TooShort,
-    /// Judged: the objects of idle caches' stashes released, and whether the whole
-    /// engine made no operation in it.
-    Ended { released: usize, engine_idle: bool },
-}
 
 impl Engine {
     /// Adds a newly created cache of this thread to the engine's cache list; false (and

@@ -17,6 +17,7 @@ use std::ptr::NonNull;
 use super::backing::{Backing, ObjectHooks};
 use super::budget::{self, ByteBudget};
 use super::depot::{Depot, DepotBudget, Eviction, Put};
+use super::idle::IdleWatch;
 use super::ids;
 use super::magazine::{self, Magazine, NIL};
 use super::percpu::PerCpu;
@@ -52,29 +53,6 @@ impl Listed {
             ops_seen: u64::MAX,
             asked: false,
         }
-    }
-}
-
-/// One `trim_idle` interval of something that counts its operations (an engine, all
-/// its caches together; a block source's large blocks): its count and when, at the
-/// previous call that counted.
-#[derive(Debug, Default)]
-pub(crate) struct IdleWatch(Option<(u64, std::time::Instant)>);
-
-impl IdleWatch {
-    /// Whether a call now would come sooner than the minimum interval after the previous
-    /// one that counted (see [`MIN_IDLE_INTERVAL`](super::admin::MIN_IDLE_INTERVAL)).
-    pub(crate) fn too_soon(&self) -> bool {
-        self.0
-            .is_some_and(|(_, at)| at.elapsed() < super::admin::min_idle_interval())
-    }
-
-    /// Ends the interval at `ops` operations and starts the next: whether none happened
-    /// in it (false for the first).
-    pub(crate) fn end(&mut self, ops: u64) -> bool {
-        let idle = self.0.is_some_and(|(before, _)| before == ops);
-        self.0 = Some((ops, std::time::Instant::now()));
-        idle
     }
 }
 

@@ -19,6 +19,7 @@ pub(crate) mod budget;
 pub(crate) mod cache;
 pub(crate) mod depot;
 pub(crate) mod engine;
+pub(crate) mod idle;
 pub(crate) mod ids;
 pub(crate) mod magazine;
 pub(crate) mod percpu;

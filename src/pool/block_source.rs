@@ -29,7 +29,7 @@ use crate::config::Config;
 use crate::core::backing::{BlockAllocator, MemoryOwner, ObjectHooks};
 use crate::core::budget::ByteBudget;
 use crate::registry::{self, Registered};
-use crate::stats::Stats;
+use crate::rows::{BlockSourceStats, Stats};
 use crate::sync::Arc;
 
 /// Sizes of the block classes served through per-thread caches.
@@ -80,47 +80,6 @@ pub struct RawBlock {
     pub ptr: NonNull<u8>,
     /// Its size in bytes.
     pub size: usize,
-}
-
-/// A block source's numbers that its five [`Stats`] rows do not carry: its `max_free`
-/// budget and what is charged to it, and its large blocks in bytes (their row counts
-/// blocks, as their sizes vary). From [`BlockSource::source_stats`], or for every source
-/// in the process from [`stats::block_sources`](crate::stats::block_sources).
-///
-/// Pools themselves are not listed anywhere: a server makes one per request, and
-/// listing each would take a process-wide lock per pool. Their memory shows here and
-/// in their source's rows (`live` of the `pool-blocks-*` rows is the blocks that pools
-/// hold); a pool's own numbers are [`Pool::stats`](crate::Pool::stats).
-///
-/// ```
-/// let source = proxalloc::BlockSource::new(1 << 20);
-/// let big = source.alloc(100_000).unwrap(); // a large block: 25 × 4 KiB
-/// let s = source.source_stats();
-/// assert_eq!((s.max_free, s.large_live_blocks, s.large_live_bytes), (1 << 20, 1, 102_400));
-/// // SAFETY: from `source`, not used again.
-/// unsafe { source.free(big) };
-/// let s = source.source_stats();
-/// assert_eq!((s.large_live_bytes, s.large_cached_bytes, s.cached_bytes), (0, 102_400, 102_400));
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct BlockSourceStats {
-    /// The [`Stats::id`] of the source's `pool-blocks-large` row, which tells sources
-    /// apart.
-    pub id: u64,
-    /// The budget of free blocks the source may cache, in bytes.
-    pub max_free: usize,
-    /// Bytes of free blocks cached and charged to `max_free` (the block classes' depots
-    /// and the large buckets; not the blocks in threads' own caches).
-    pub cached_bytes: usize,
-    /// Large blocks in pools' hands.
-    pub large_live_blocks: u64,
-    /// Bytes of the large blocks in pools' hands.
-    pub large_live_bytes: u64,
-    /// Large blocks cached in the buckets.
-    pub large_cached_blocks: u64,
-    /// Bytes of the large blocks cached in the buckets.
-    pub large_cached_bytes: u64,
 }
 
 /// Hands out blocks of 8 KiB and more to pools, caching freed ones within a `max_free`
@@ -498,7 +457,7 @@ mod tests {
         cache_blocks();
         let before = OS_RELEASES.with(|n| n.get());
         assert_eq!(source.trim_idle(), 0, "the first call starts the interval");
-        std::thread::sleep(crate::core::admin::MIN_IDLE_INTERVAL * 3);
+        std::thread::sleep(crate::core::idle::MIN_IDLE_INTERVAL * 3);
         assert_eq!(source.trim_idle(), 4 * (320 << 10));
         assert_eq!(OS_RELEASES.with(|n| n.get()) - before, 1);
     }

@@ -7,12 +7,13 @@ use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
-use super::{BlockAllocator, BlockSourceStats, RawBlock, BLOCK_ALIGN};
+use super::{BlockAllocator, RawBlock, BLOCK_ALIGN};
 use crate::core::backing::free_user_block;
 use crate::core::budget::ByteBudget;
-use crate::core::engine::IdleWatch;
+use crate::core::idle::IdleWatch;
 use crate::registry::Registered;
-use crate::stats::Stats;
+use crate::rows::BlockSourceStats;
+use crate::rows::Stats;
 use crate::sync::{self, Arc, Mutex, StatCounter};
 
 /// A cached large block's address.
@@ -200,7 +201,7 @@ impl Large {
 
     /// Empties the cache if no block was taken since the previous call that counted
     /// (the first call only starts the interval, and one sooner than
-    /// [`MIN_IDLE_INTERVAL`](crate::core::admin::MIN_IDLE_INTERVAL) does nothing);
+    /// [`MIN_IDLE_INTERVAL`](crate::core::idle::MIN_IDLE_INTERVAL) does nothing);
     /// returns the bytes released.
     pub(super) fn trim_idle(&self) -> usize {
         let idle = {

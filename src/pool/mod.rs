@@ -49,9 +49,7 @@ use std::panic::resume_unwind;
 use std::ptr::{self, NonNull};
 
 pub use crate::core::backing::BlockAllocator;
-pub use block_source::{
-    BlockSource, BlockSourceStats, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE,
-};
+pub use block_source::{BlockSource, RawBlock, BLOCK_ALIGN, BLOCK_CLASSES, DEFAULT_MAX_FREE};
 use bump::{BlockHeader, SENTINEL};
 use cleanup::CleanupHeader;
 pub use cleanup::CleanupKey;

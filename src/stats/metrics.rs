@@ -2,7 +2,7 @@
 
 use metrics::Unit;
 
-use crate::BlockSourceStats;
+use crate::rows::BlockSourceStats;
 
 /// A metric's kind.
 #[derive(Clone, Copy)]

@@ -15,9 +15,8 @@
 //! drop(c);
 //! ```
 
-use std::fmt;
-
-use crate::BlockSourceStats;
+use crate::rows::BlockSourceStats;
+pub use crate::rows::Stats;
 
 #[cfg(feature = "metrics")]
 mod metrics;
@@ -26,149 +25,6 @@ mod table;
 #[cfg(feature = "metrics")]
 pub use metrics::record_metrics;
 pub use table::{dump, dump_since, table, table_since, Row, Table};
-
-/// A snapshot of one allocator's counters, from
-/// [`ClassAllocator::stats`](crate::ClassAllocator::stats).
-///
-/// Counters are summed over every thread cache when read. While other threads are
-/// allocating the snapshot is not atomic (each counter is read once, at a slightly
-/// different moment); when they are quiescent it is exact, and then
-/// `live + cached_in_threads + cached_in_depot == backing_allocs - backing_frees`.
-///
-/// ```
-/// use proxalloc::ClassAllocator;
-/// let a = ClassAllocator::<[u8; 32]>::new("doc-stats");
-/// let x = a.alloc([0; 32]);
-/// drop(a.alloc([1; 32]));
-/// let s = a.stats();
-/// assert_eq!((s.name, s.object_size, s.allocs, s.frees, s.live), ("doc-stats", 32, 2, 1, 1));
-/// assert!(s.is_consistent());
-/// println!("{s}"); // one line: live, cached, reserved bytes, counters
-/// # drop(x);
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct Stats {
-    /// The allocator's name. (Deserialized, it is a copy kept for the rest of the
-    /// process, one per distinct name: deserialize untrusted input as [`Row`]s.)
-    //
-    // (Spelt `core::primitive::str` so that serde's derive does not borrow it from the
-    // input, which would let `Stats` deserialize only from `'static` data.)
-    #[cfg_attr(feature = "serde", serde(deserialize_with = "de_name"))]
-    pub name: &'static core::primitive::str,
-    /// A number unique to this allocator instance in the process (names may repeat),
-    /// used to match rows of a [`Snapshot`] with later ones.
-    pub id: u64,
-    /// Size of one object in bytes.
-    pub object_size: usize,
-    /// Objects handed to users.
-    pub allocs: u64,
-    /// Objects given back by users.
-    pub frees: u64,
-    /// Objects in users' hands now (`allocs - frees`): cached objects are not counted.
-    pub live: u64,
-    /// Free objects held in thread caches (all threads), or in CPU caches with
-    /// [`CacheMode::PerCpu`](crate::CacheMode::PerCpu).
-    pub cached_in_threads: u64,
-    /// Free objects held in the depot.
-    pub cached_in_depot: u64,
-    /// Objects obtained from the backing allocator.
-    pub backing_allocs: u64,
-    /// Objects returned to the backing allocator.
-    pub backing_frees: u64,
-    /// Full magazines a thread took from the depot.
-    pub refills: u64,
-    /// Full magazines a thread gave to the depot (and the depot kept).
-    pub spills: u64,
-    /// Magazines whose objects went to the backing allocator because the depot budget
-    /// was full.
-    pub overflows: u64,
-    /// Thread caches currently registered (with per-CPU caches: threads that could not
-    /// use rseq).
-    pub threads: usize,
-    /// The caching mode the allocator runs in: what its `Config` asked for, except that
-    /// [`CacheMode::PerCpu`](crate::CacheMode::PerCpu) falls back to
-    /// [`ThreadCaches`](crate::CacheMode::ThreadCaches) where per-CPU caches cannot work,
-    /// and the environment can force [`Bypass`](crate::CacheMode::Bypass).
-    pub mode: crate::CacheMode,
-}
-
-impl Stats {
-    /// Objects currently obtained from the backing allocator and not returned.
-    ///
-    /// ```
-    /// let a = proxalloc::ClassAllocator::<u64>::new("doc-reserved-objects");
-    /// let held: Vec<_> = (0..3).map(|i| a.alloc(i)).collect();
-    /// assert_eq!(a.stats().reserved_objects(), 3);
-    /// # drop(held);
-    /// ```
-    pub fn reserved_objects(&self) -> u64 {
-        self.backing_allocs.saturating_sub(self.backing_frees)
-    }
-
-    /// Bytes currently obtained from the backing allocator and not returned.
-    ///
-    /// ```
-    /// let a = proxalloc::ClassAllocator::<[u8; 100]>::new("doc-reserved-bytes");
-    /// let x = a.alloc([0; 100]);
-    /// assert_eq!(a.stats().reserved_bytes(), 100);
-    /// # drop(x);
-    /// ```
-    pub fn reserved_bytes(&self) -> u64 {
-        self.reserved_objects() * self.object_size as u64
-    }
-
-    /// Whether every object is accounted for exactly once: `live == allocs - frees` and
-    /// `live + cached_in_threads + cached_in_depot` equals the objects reserved from the
-    /// backing allocator. Always true of a snapshot taken while no other thread
-    /// allocates or frees.
-    ///
-    /// ```
-    /// let a = proxalloc::ClassAllocator::<u32>::new("doc-consistent");
-    /// drop((0..100).map(|i| a.alloc(i)).collect::<Vec<_>>());
-    /// assert!(a.stats().is_consistent());
-    /// ```
-    pub fn is_consistent(&self) -> bool {
-        self.allocs.checked_sub(self.frees) == Some(self.live)
-            && self.live + self.cached_in_threads + self.cached_in_depot == self.reserved_objects()
-    }
-
-    /// Bytes of free objects cached in thread caches and the depot.
-    ///
-    /// ```
-    /// let a = proxalloc::ClassAllocator::<[u8; 64]>::new("doc-cached-bytes");
-    /// drop(a.alloc([0; 64])); // the object stays in this thread's cache
-    /// assert_eq!(a.stats().cached_bytes(), 64);
-    /// a.trim();
-    /// assert_eq!(a.stats().cached_bytes(), 0);
-    /// ```
-    pub fn cached_bytes(&self) -> u64 {
-        (self.cached_in_threads + self.cached_in_depot) * self.object_size as u64
-    }
-}
-
-impl fmt::Display for Stats {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: size {} B, live {}, cached {} in threads + {} in depot, reserved {} B; \
-             allocs {}, frees {}, refills {}, spills {}, overflows {}, backing {}/{}",
-            self.name,
-            self.object_size,
-            self.live,
-            self.cached_in_threads,
-            self.cached_in_depot,
-            self.reserved_bytes(),
-            self.allocs,
-            self.frees,
-            self.refills,
-            self.spills,
-            self.overflows,
-            self.backing_allocs,
-            self.backing_frees,
-        )
-    }
-}
 
 /// How per-CPU caches stand in this process (`CacheMode::PerCpu`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -310,26 +166,4 @@ impl Snapshot {
 /// ```
 pub fn snapshot() -> Snapshot {
     Snapshot { rows: all() }
-}
-
-/// Reads a [`Stats::name`] as a `&'static str`: each distinct name is copied once and
-/// kept for the rest of the process, so deserializing names chosen by an attacker
-/// without bound grows memory without bound (read untrusted dumps as [`Row`]s, whose
-/// names are `String`s).
-#[cfg(feature = "serde")]
-fn de_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
-    use std::collections::HashSet;
-    use std::sync::Mutex;
-    static NAMES: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
-    let name = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
-    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
-    let names = names.get_or_insert_with(HashSet::new);
-    Ok(match names.get(&*name) {
-        Some(&s) => s,
-        None => {
-            let s: &'static str = Box::leak(name.into_owned().into_boxed_str());
-            names.insert(s);
-            s
-        }
-    })
 }

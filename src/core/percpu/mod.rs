@@ -603,5 +603,6 @@ rseq::with_rseq! {
     #[cfg(test)]
     mod tests;
     #[cfg(test)]
+    #[path = "tests/injection.rs"]
     mod injection_tests;
 }

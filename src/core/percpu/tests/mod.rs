@@ -79,7 +79,7 @@ fn trim_idle_keeps_a_busy_per_cpu_allocators_cpu_caches() {
         eprintln!("per-CPU caches unavailable here: nothing to test");
         return;
     }
-    let pause = || std::thread::sleep(crate::core::admin::MIN_IDLE_INTERVAL * 3);
+    let pause = || std::thread::sleep(crate::core::idle::MIN_IDLE_INTERVAL * 3);
     let round = || drop((0..6).map(|i| a.alloc(i)).collect::<Vec<_>>());
     round();
     a.trim_idle();
