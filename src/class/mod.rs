@@ -478,7 +478,7 @@ impl<T> ClassAllocator<T> {
     /// # drop(a);
     /// ```
     pub fn stats(&self) -> Stats {
-        self.engine().stats()
+        cache::stats(self.engine())
     }
 }
 

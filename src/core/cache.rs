@@ -18,6 +18,7 @@
 
 use std::ptr::NonNull;
 
+use super::admin;
 use super::engine::Engine;
 use super::idle::IdleInterval;
 use super::percpu::PerCpu;
@@ -334,7 +335,7 @@ pub(crate) fn alloc(e: &Arc<Engine>) -> Option<NonNull<u8>> {
             }
             // Per-CPU caches are off for good: this CPU's goes to the depot, and a thread
             // cache serves from now on.
-            e.cpu_retire_here(pc, area);
+            pc.retire_here(&e.shared(), area);
         }
     }
     match cache_or_register(e) {
@@ -344,14 +345,14 @@ pub(crate) fn alloc(e: &Arc<Engine>) -> Option<NonNull<u8>> {
     }
 }
 
-/// A per-CPU allocation that the fast path could not serve (see [`Engine::cpu_alloc`]).
+/// A per-CPU allocation that the fast path could not serve (see [`PerCpu::alloc`]).
 #[cold]
 #[inline(never)]
 fn alloc_cpu_slow(e: &Engine, pc: &PerCpu, area: *mut u8) -> Option<NonNull<u8>> {
-    e.cpu_alloc(pc, area).or_else(|| e.alloc_backing())
+    pc.alloc(&e.shared(), area).or_else(|| e.alloc_backing())
 }
 
-/// A per-CPU free that the fast path could not take (see [`Engine::cpu_free`]).
+/// A per-CPU free that the fast path could not take (see [`PerCpu::free`]).
 ///
 /// # Safety
 /// As for [`free`].
@@ -359,7 +360,7 @@ fn alloc_cpu_slow(e: &Engine, pc: &PerCpu, area: *mut u8) -> Option<NonNull<u8>>
 #[inline(never)]
 unsafe fn free_cpu_slow(e: &Engine, pc: &PerCpu, area: *mut u8, p: NonNull<u8>) {
     // SAFETY: forwarded.
-    if !unsafe { e.cpu_free(pc, area, p) } {
+    if !unsafe { pc.free(&e.shared(), area, p) } {
         // SAFETY: forwarded.
         unsafe { e.free_backing(p) }
     }
@@ -383,7 +384,7 @@ pub(crate) unsafe fn free(e: &Arc<Engine>, p: NonNull<u8>) {
                 return unsafe { free_cpu_slow(e, pc, area, p) };
             }
             // As in `alloc`.
-            e.cpu_retire_here(pc, area);
+            pc.retire_here(&e.shared(), area);
         }
     }
     match cache_or_register(e) {
@@ -530,12 +531,8 @@ pub(crate) fn release_thread_cache(e: &Engine) -> usize {
 /// (0 for a dead allocator: its caches are their owners' to release).
 pub(crate) fn trim(e: &Engine) -> usize {
     // Every CPU's magazines first (to the depot, whose trim below releases them).
-    let from_cpus = match e.percpu() {
-        // `cpu_reclaim` checks liveness itself, under the cache-list lock.
-        Some(pc) => e.release(e.cpu_reclaim(pc)),
-        _ => 0,
-    };
-    let Some(mut released) = e.trim_stashes() else {
+    let from_cpus = e.reclaim_cpus();
+    let Some(mut released) = admin::trim_stashes(e) else {
         return 0;
     };
     released += from_cpus;
@@ -548,7 +545,7 @@ pub(crate) fn trim(e: &Engine) -> usize {
         let evictions = unsafe { e.flush(c) };
         released += e.release(evictions);
     }
-    e.trim_depot(released)
+    admin::trim_depot(e, released)
 }
 
 /// Gives back what of `e` went unused since the previous call: the stash of every
@@ -558,7 +555,7 @@ pub(crate) fn trim(e: &Engine) -> usize {
 /// the allocator made no operation at all). The first call only starts the interval.
 /// Returns the number of objects released (0 for a dead allocator).
 pub(crate) fn trim_idle(e: &Engine) -> usize {
-    let (mut released, engine_idle) = match e.trim_idle_stashes() {
+    let (mut released, engine_idle) = match admin::trim_idle_stashes(e) {
         None | Some(IdleInterval::TooShort) => return 0,
         Some(IdleInterval::Ended {
             released,
@@ -566,9 +563,7 @@ pub(crate) fn trim_idle(e: &Engine) -> usize {
         }) => (released, engine_idle),
     };
     if engine_idle {
-        if let Some(pc) = e.percpu() {
-            released += e.release(e.cpu_reclaim(pc));
-        }
+        released += e.reclaim_cpus();
     }
     // Looked up after the stashes' release, which may have run user code.
     if let Lookup::Cache(c) = table::lookup(e.index(), e.instance()) {
@@ -579,7 +574,7 @@ pub(crate) fn trim_idle(e: &Engine) -> usize {
         }
     }
     if engine_idle {
-        e.trim_depot(released)
+        admin::trim_depot(e, released)
     } else {
         released + e.depot.trim_cold()
     }
@@ -590,16 +585,21 @@ pub(crate) fn trim_idle(e: &Engine) -> usize {
 /// their caches (see [`Engine::shutdown`]).
 ///
 /// # Safety
-/// As for [`Engine::shutdown`].
+/// As for [`admin::shutdown`].
 pub(crate) unsafe fn shutdown(e: &Engine) {
     table::uninstall(e);
     // SAFETY: forwarded.
-    unsafe { e.shutdown() }
+    unsafe { admin::shutdown(e) }
+}
+
+/// A snapshot of `e`'s counters (see [`admin::stats`]).
+pub(crate) fn stats(e: &Engine) -> Stats {
+    admin::stats(e)
 }
 
 impl Registered for Engine {
     fn stats(&self) -> Option<Stats> {
-        self.is_alive().then(|| Engine::stats(self))
+        self.is_alive().then(|| admin::stats(self))
     }
 
     /// `trim_all`: [`trim`], in bytes.

@@ -17,13 +17,16 @@ pub(crate) mod admin;
 pub(crate) mod backing;
 pub(crate) mod budget;
 pub(crate) mod cache;
+pub(crate) mod counters;
 pub(crate) mod depot;
 pub(crate) mod engine;
+pub(crate) mod exchange;
 pub(crate) mod idle;
 pub(crate) mod ids;
 pub(crate) mod magazine;
 pub(crate) mod percpu;
 pub(crate) mod rseq;
+pub(crate) mod stack;
 pub(crate) mod table;
 pub(crate) mod thread_cache;
 

@@ -49,8 +49,7 @@ use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::depot::Eviction;
-use super::engine::{Engine, Evictions};
+use super::exchange::{self, Evictions, MagazinePair, SharedSupply};
 use super::magazine::Magazine;
 use super::rseq;
 use super::thread_cache::Counts;
@@ -241,10 +240,6 @@ impl<'p> Held<'p> {
         pushed
     }
 
-    fn swap(&mut self) {
-        std::mem::swap(&mut self.loaded, &mut self.previous);
-    }
-
     /// Gives the cache back, with `len` as its word's length or state: its magazines and
     /// counts first, then the word (a release store: whoever next reads it sees the
     /// rest). From any CPU: while the word is a state, nobody else writes the cache.
@@ -291,50 +286,37 @@ impl<'p> Held<'p> {
     }
 }
 
-impl Engine {
-    /// Makes the held loaded magazine non-empty: swap with a non-empty previous, or take
-    /// a full one from the depot (the previous, empty, goes to the depot). False when
-    /// the depot has none.
-    fn cpu_refill<'e>(&'e self, h: &mut Held<'e>) -> bool {
-        // SAFETY: owned by the holder.
-        if h.previous.is_some_and(|p| unsafe { p.len() } > 0) {
-            h.swap();
-            return true;
-        }
-        let Some(full) = self.depot.take_full() else {
-            return false;
-        };
-        self.retired.refills.add_shared(1);
-        if let Some(prev) = h.previous.take() {
-            self.put_shared(prev);
-        }
-        h.previous = h.loaded.take();
-        h.loaded = Some(full);
-        true
+impl<'p> MagazinePair<'p> for Held<'p> {
+    fn capacity(&self) -> usize {
+        self.cap
     }
 
-    /// Makes room in the held loaded magazine: swap with a non-full previous, or take an
-    /// empty one from the depot (the previous, full, goes to the depot: a spill). `None`
-    /// when no magazine can be had.
-    fn cpu_make_room<'e>(&'e self, h: &mut Held<'e>) -> Option<Option<Eviction>> {
+    fn previous_len(&self) -> Option<usize> {
         // SAFETY: owned by the holder.
-        if h.previous.is_some_and(|p| unsafe { p.len() } < h.cap) {
-            h.swap();
-            return Some(None);
-        }
-        let empty = self.depot.take_empty()?;
-        let evicted = h.previous.take().and_then(|prev| self.put_shared(prev));
-        h.previous = h.loaded.take();
-        h.loaded = Some(empty);
-        Some(evicted)
+        self.previous.map(|p| unsafe { p.len() })
     }
 
+    fn swap(&mut self) {
+        std::mem::swap(&mut self.loaded, &mut self.previous);
+    }
+
+    fn take_previous(&mut self) -> Option<&'p Magazine> {
+        self.previous.take()
+    }
+
+    fn rotate(&mut self, mag: &'p Magazine) {
+        debug_assert!(self.previous.is_none(), "a previous magazine would be lost");
+        self.previous = self.loaded.replace(mag);
+    }
+}
+
+impl PerCpu {
     /// Takes this CPU's cache for the calling thread's slow path, whose rseq area is
     /// `area`, and keeps the CPU's number as the thread's. `None` when another thread
     /// holds or reclaims it, or it is retired.
-    fn cpu_detach<'p>(&self, pc: &'p PerCpu, area: *mut u8) -> Option<Held<'p>> {
-        // SAFETY: this thread's registered area; `pc` is this engine's live caches.
-        let Some((cpu, word)) = (unsafe { rseq::detach(area, pc.base(), pc.ncpu()) }) else {
+    fn detach(&self, area: *mut u8, cap: usize) -> Option<Held<'_>> {
+        // SAFETY: this thread's registered area; `self` is a live allocator's caches.
+        let Some((cpu, word)) = (unsafe { rseq::detach(area, self.base(), self.ncpu()) }) else {
             // Busy (or retired): the thread still keeps the CPU it runs on, so that its
             // fast paths try that CPU's cache next, not the one it left.
             // SAFETY: as above.
@@ -344,22 +326,27 @@ impl Engine {
             return None;
         };
         rseq::set_cpu(cpu);
-        // SAFETY: detached by this thread; the magazines are this engine's.
-        Some(unsafe { Held::new(&pc.caches[cpu as usize], word, self.depot.capacity()) })
+        // SAFETY: detached by this thread; the magazines are the allocator's.
+        Some(unsafe { Held::new(&self.caches[cpu as usize], word, cap) })
     }
 
     /// The per-CPU slow path of an allocation on the calling thread, whose rseq area is
-    /// `area`: take this CPU's cache, refill it, pop, give it back; if the cache is busy,
-    /// the spare magazine. `None` when nothing is cached (or per-CPU caches are off for
-    /// good, and this CPU's cache was just retired: see `cpu_retire_here`); the caller
-    /// then goes to a thread cache or the backing allocator.
-    pub(crate) fn cpu_alloc(&self, pc: &PerCpu, area: *mut u8) -> Option<NonNull<u8>> {
+    /// `area`: take this CPU's cache, refill it from `depot` by the exchange rules, pop,
+    /// give it back; if the cache is busy, the spare magazine. `None` when nothing is
+    /// cached (or per-CPU caches are off for good, and this CPU's cache was just
+    /// retired: see [`retire_here`](Self::retire_here)); the caller then goes to a
+    /// thread cache or the backing allocator.
+    pub(crate) fn alloc<'p>(
+        &'p self,
+        depot: &impl SharedSupply<'p>,
+        area: *mut u8,
+    ) -> Option<NonNull<u8>> {
         // No second try of the fast path's sequence, which has just failed (or did not
         // run, the area not set up yet): the detached cache below is popped first.
-        let Some(mut h) = self.cpu_detach(pc, area) else {
-            return self.spare_alloc(pc);
+        let Some(mut h) = self.detach(area, depot.capacity()) else {
+            return self.spare_alloc(depot);
         };
-        let p = if h.loaded_len() > 0 || self.cpu_refill(&mut h) {
+        let p = if h.loaded_len() > 0 || exchange::refill(&mut h, depot) {
             h.pop()
         } else {
             None
@@ -368,58 +355,59 @@ impl Engine {
         p
     }
 
-    /// The per-CPU slow path of a free (see [`cpu_alloc`](Self::cpu_alloc)): false when
-    /// `p` was not taken (no magazine can be had); the caller then gives it to the
-    /// backing allocator.
+    /// The per-CPU slow path of a free (see [`alloc`](Self::alloc)): false when `p` was
+    /// not taken (no magazine can be had); the caller then gives it to the backing
+    /// allocator.
     ///
     /// # Safety
-    /// `p` is an object of this engine that nobody uses any more.
-    pub(crate) unsafe fn cpu_free(&self, pc: &PerCpu, area: *mut u8, p: NonNull<u8>) -> bool {
-        let Some(mut h) = self.cpu_detach(pc, area) else {
+    /// `p` is an object of the allocator that nobody uses any more.
+    pub(crate) unsafe fn free<'p>(
+        &'p self,
+        depot: &impl SharedSupply<'p>,
+        area: *mut u8,
+        p: NonNull<u8>,
+    ) -> bool {
+        let Some(mut h) = self.detach(area, depot.capacity()) else {
             // SAFETY: forwarded.
-            return unsafe { self.spare_free(pc, p) };
+            return unsafe { self.spare_free(depot, p) };
         };
         let mut evictions = Evictions::default();
         let pushed = h.push(p)
-            || match self.cpu_make_room(&mut h) {
+            || match exchange::make_room(&mut h, depot) {
                 Some(evicted) => {
-                    evictions.push(evicted);
+                    evictions = evicted;
                     h.push(p)
                 }
                 None => false,
             };
         h.install();
         // After the install: releasing may run destructors (user code).
-        self.release(evictions);
+        depot.release(evictions);
         pushed
     }
 
     /// An object from the spare magazine (refilled from the depot when empty), for a
     /// slow path whose CPU cache is busy; counted on the engine.
-    fn spare_alloc(&self, pc: &PerCpu) -> Option<NonNull<u8>> {
-        let mut evictions = Evictions::default();
+    fn spare_alloc<'p>(&'p self, depot: &impl SharedSupply<'p>) -> Option<NonNull<u8>> {
         let p = {
-            let mut spare = pc.spare.lock().unwrap_or_else(|e| e.into_inner());
+            let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
             // SAFETY: the spare magazine is the lock holder's.
             let mut mag = unsafe { spare.0.as_ref() };
             // SAFETY: as above.
             if mag.is_none_or(|m| unsafe { m.len() } == 0) {
-                let full = self.depot.take_full();
-                if full.is_some() {
-                    self.retired.refills.add_shared(1);
+                if let Some(full) = depot.full() {
                     if let Some(empty) = mag.take() {
-                        evictions.push(self.put_shared(empty));
+                        depot.give_empty(empty);
                     }
-                    mag = full;
-                    spare.0 = mag.map_or(ptr::null(), ptr::from_ref);
+                    mag = Some(full);
+                    spare.0 = full;
                 }
             }
             // SAFETY: as above.
             mag.and_then(|m| unsafe { m.pop_round() })
         };
-        self.release(evictions);
         if p.is_some() {
-            self.retired.allocs.add_shared(1);
+            depot.count(1, 0);
         }
         p
     }
@@ -429,39 +417,39 @@ impl Engine {
     /// when no magazine can be had.
     ///
     /// # Safety
-    /// As for [`cpu_free`](Self::cpu_free).
-    unsafe fn spare_free(&self, pc: &PerCpu, p: NonNull<u8>) -> bool {
-        let cap = self.depot.capacity();
+    /// As for [`free`](Self::free).
+    unsafe fn spare_free<'p>(&'p self, depot: &impl SharedSupply<'p>, p: NonNull<u8>) -> bool {
+        let cap = depot.capacity();
         let mut evictions = Evictions::default();
         let pushed = {
-            let mut spare = pc.spare.lock().unwrap_or_else(|e| e.into_inner());
+            let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
             // SAFETY: the spare magazine is the lock holder's.
             let mut mag = unsafe { spare.0.as_ref() };
             // SAFETY: as above.
             if mag.is_none_or(|m| unsafe { m.len() } >= cap) {
                 if let Some(full) = mag.take() {
-                    evictions.push(self.put_shared(full));
+                    evictions.push(depot.give_full(full));
                 }
-                mag = self.depot.take_empty();
+                mag = depot.empty();
                 spare.0 = mag.map_or(ptr::null(), ptr::from_ref);
             }
             // SAFETY: as above.
             mag.is_some_and(|m| unsafe { m.push_round(p, cap) })
         };
         // After the lock: releasing may run destructors (user code).
-        self.release(evictions);
+        depot.release(evictions);
         if pushed {
-            self.retired.frees.add_shared(1);
+            depot.count(0, 1);
         }
         pushed
     }
 
     /// The spare magazine to the depot (a trim's, or the allocator's drop).
-    fn spare_to_depot(&self, pc: &PerCpu, evictions: &mut Evictions) {
-        let mut spare = pc.spare.lock().unwrap_or_else(|e| e.into_inner());
+    fn spare_to_depot<'p>(&'p self, depot: &impl SharedSupply<'p>, evictions: &mut Evictions) {
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the spare magazine is the lock holder's, handed over here.
         if let Some(m) = unsafe { spare.0.as_ref() } {
-            evictions.push(self.put_shared(m));
+            evictions.push(depot.give_full(m));
         }
         spare.0 = ptr::null();
     }
@@ -470,16 +458,16 @@ impl Engine {
     /// still holds magazines, hands them to the depot and retires the cache, so that no
     /// object stays where no reclaimer can reach it. Called by slow paths on the calling
     /// thread (whose area is `area`) before they use its thread cache instead.
-    pub(crate) fn cpu_retire_here(&self, pc: &PerCpu, area: *mut u8) {
-        let Some(mut h) = self.cpu_detach(pc, area) else {
+    pub(crate) fn retire_here<'p>(&'p self, depot: &impl SharedSupply<'p>, area: *mut u8) {
+        let Some(mut h) = self.detach(area, depot.capacity()) else {
             return;
         };
         let mut evictions = Evictions::default();
         for mag in [h.loaded.take(), h.previous.take()].into_iter().flatten() {
-            evictions.push(self.put_shared(mag));
+            evictions.push(depot.give_full(mag));
         }
         h.retire();
-        self.release(evictions);
+        depot.release(evictions);
     }
 
     /// Takes every CPU's magazines from any thread (`trim`, `trim_all`): stops each CPU's
@@ -489,22 +477,20 @@ impl Engine {
     /// fence fails (their magazines stay where they are: see [`rseq::fence`]; after a
     /// failure for good, each goes to the depot at its CPU's next slow path). Returns the
     /// evictions to release.
-    pub(crate) fn cpu_reclaim(&self, pc: &PerCpu) -> Evictions {
+    ///
+    /// The caller holds the allocator's cache-list lock (reclaimers and the allocator's
+    /// drop take it, so no two of them hold one CPU's cache; the lock is on no fast or
+    /// slow path), and the allocator is alive.
+    pub(crate) fn reclaim<'p>(&'p self, depot: &impl SharedSupply<'p>) -> Evictions {
         let mut evictions = Evictions::default();
-        // Reclaimers and the allocator's drop take the cache-list lock, so no two of
-        // them hold one CPU's cache (the lock is not on any fast or slow path).
-        let _list = crate::sync::lock(&self.cache_list);
-        if !self.is_alive() {
-            return evictions;
-        }
-        self.spare_to_depot(pc, &mut evictions);
+        self.spare_to_depot(depot, &mut evictions);
         if rseq::fence::disabled().is_some() {
             // No fence works: each CPU's cache goes to the depot at its next slow path.
             return evictions;
         }
-        for (cpu, cache) in pc.caches.iter().enumerate() {
-            match stop(cache, cpu as u32, self.depot.capacity()) {
-                Stop::Held(h) => self.empty_held(h, &mut evictions),
+        for (cpu, cache) in self.caches.iter().enumerate() {
+            match stop(cache, cpu as u32, depot.capacity()) {
+                Stop::Held(h) => empty_held(h, depot, &mut evictions),
                 Stop::Skipped => {}
                 // No fence works now: the other CPUs would fail alike.
                 Stop::FenceFailed => break,
@@ -517,10 +503,10 @@ impl Engine {
     /// cache-list lock, so no reclaimer is at work): every CPU's magazines go back, their
     /// objects released (the engine is dead, so the depot evicts them), and the spare
     /// magazine's. Returns the evictions to release.
-    pub(crate) fn cpu_shutdown(&self, pc: &PerCpu) -> Evictions {
+    pub(crate) fn shutdown<'p>(&'p self, depot: &impl SharedSupply<'p>) -> Evictions {
         let mut evictions = Evictions::default();
-        self.spare_to_depot(pc, &mut evictions);
-        for cache in pc.caches.iter() {
+        self.spare_to_depot(depot, &mut evictions);
+        for cache in self.caches.iter() {
             let word = cache.word.load(Ordering::Acquire);
             debug_assert!(
                 rseq::len(word) != rseq::DETACHED,
@@ -536,19 +522,19 @@ impl Engine {
                 .word
                 .store(rseq::with_len(word, rseq::STOPPED), Ordering::Relaxed);
             // SAFETY: stopped by this thread, with no sequence that could commit.
-            let h = unsafe { Held::new(cache, word, self.depot.capacity()) };
-            self.empty_held(h, &mut evictions);
+            let h = unsafe { Held::new(cache, word, depot.capacity()) };
+            empty_held(h, depot, &mut evictions);
         }
         evictions
     }
+}
 
-    /// Hands a held cache's magazines to the depot and leaves it empty.
-    fn empty_held(&self, mut h: Held<'_>, evictions: &mut Evictions) {
-        for mag in [h.loaded.take(), h.previous.take()].into_iter().flatten() {
-            evictions.push(self.put_shared(mag));
-        }
-        h.install();
+/// Hands a held cache's magazines to the depot and leaves it empty.
+fn empty_held<'p>(mut h: Held<'p>, depot: &impl SharedSupply<'p>, evictions: &mut Evictions) {
+    for mag in [h.loaded.take(), h.previous.take()].into_iter().flatten() {
+        evictions.push(depot.give_full(mag));
     }
+    h.install();
 }
 
 /// What [`stop`] did.

@@ -1,7 +1,7 @@
 //! loom models of the core, built only by `--cfg proxalloc_loom` test builds (see
 //! `.ci/run`; the `loom` profile keeps debug assertions on, which some models rely on).
 //!
-//! - [`loom_depot`]: the depot's tagged stack, with must-fail narrow generations.
+//! - [`loom_stack`]: the magazine stack (the depot's), with must-fail narrow generations.
 //! - [`loom_class_alloc`]: the whole allocator: magazine exchange, the depot budget,
 //!   trim, thread exit, cross-thread frees, the allocator's drop, the engine's
 //!   publication.
@@ -18,8 +18,8 @@
 mod loom_admin;
 mod loom_capped;
 mod loom_class_alloc;
-mod loom_depot;
 mod loom_lifecycle;
+mod loom_stack;
 
 use std::ptr::NonNull;
 

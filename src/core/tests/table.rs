@@ -1,3 +1,4 @@
+use super::lookup::{cache_start, CACHE_BYTES};
 use super::*;
 
 /// Every allocator's offset finds its own cache, and any other offset some cache's

@@ -128,11 +128,11 @@ impl Scene {
                 // SAFETY: as above; `p` is a live object of the engine, given up here.
                 Run::Freed(unsafe { rseq::push(area, CPU, cache, p.as_ptr()) }, p)
             }
-            Op::SlowAlloc => Run::Took(e.cpu_alloc(pc, area)),
+            Op::SlowAlloc => Run::Took(pc.alloc(&e.shared(), area)),
             Op::SlowFree => {
                 let p = freed.expect("something to free");
                 // SAFETY: as above.
-                Run::Freed(unsafe { e.cpu_free(pc, area, p) }, p)
+                Run::Freed(unsafe { pc.free(&e.shared(), area, p) }, p)
             }
         }
     }
@@ -190,8 +190,8 @@ impl Scene {
             }
             Action::Reclaim => {
                 let e = self.engine();
-                let pc = e.percpu().expect("a per-CPU engine");
-                e.release(e.cpu_reclaim(pc));
+                assert!(e.percpu().is_some(), "a per-CPU engine");
+                e.reclaim_cpus();
                 return;
             }
         };

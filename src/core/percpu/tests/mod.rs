@@ -471,7 +471,7 @@ fn a_busy_cpu_cache_spills_to_the_spare_magazine_not_the_system() {
     let objects: Vec<_> = (0..20).map(|_| e.alloc_backing().unwrap()).collect();
     for &p in &objects {
         // SAFETY: a live object of the engine, given up.
-        assert!(unsafe { e.cpu_free(pc, other.ptr(), p) }, "taken");
+        assert!(unsafe { pc.free(&e.shared(), other.ptr(), p) }, "taken");
     }
     let s = a.stats();
     assert_eq!(s.backing_frees, 0, "a busy free went to the system: {s}");
@@ -481,7 +481,7 @@ fn a_busy_cpu_cache_spills_to_the_spare_magazine_not_the_system() {
         "full spare magazines go to the depot: {s}"
     );
     // Allocations on the busy CPU take them back.
-    let again: Vec<_> = (0..20).map(|_| e.cpu_alloc(pc, other.ptr())).collect();
+    let again: Vec<_> = (0..20).map(|_| pc.alloc(&e.shared(), other.ptr())).collect();
     assert!(
         again.iter().all(Option::is_some),
         "served from the spare and the depot"
@@ -492,7 +492,7 @@ fn a_busy_cpu_cache_spills_to_the_spare_magazine_not_the_system() {
     let mut again = again.into_iter().flatten();
     for p in again.by_ref().take(5) {
         // SAFETY: as above.
-        assert!(unsafe { e.cpu_free(pc, other.ptr(), p) });
+        assert!(unsafe { pc.free(&e.shared(), other.ptr(), p) });
     }
     for p in again {
         // SAFETY: as above.

@@ -17,13 +17,19 @@ use std::ptr::NonNull;
 use super::backing::{Backing, ObjectHooks};
 use super::budget::{self, ByteBudget};
 use super::depot::{Depot, DepotBudget, Eviction, Put};
+use super::exchange::{self, Evictions};
 use super::idle::IdleWatch;
 use super::ids;
+
+mod supply;
+
 use super::magazine::{self, Magazine, NIL};
 use super::percpu::PerCpu;
-use super::thread_cache::{Counters, Owner, ThreadCache};
+use super::thread_cache::{Counters, Owner, OwnerPart, ThreadCache};
 use crate::config::{bypass_from_env, CacheMode, Config};
 use crate::sync::{self, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
+pub(crate) use supply::SharedDepot;
+use supply::{ThreadPair, ThreadSupply};
 
 /// Thread caches of one engine.
 #[derive(Debug)]
@@ -60,48 +66,6 @@ impl Listed {
 // under the cache-list mutex; a cache leaves the list under the mutex before its memory is
 // reused or freed.
 unsafe impl Send for CacheList {}
-
-/// Evicted magazines, released together once nothing is borrowed: a chain of the
-/// magazines themselves, in the order evicted, linked through their `next` words (an
-/// evicted magazine is its evicter's, as one about to be pushed is), each holding its
-/// count to keep. Collecting evictions never allocates, so no free, flush, trim or
-/// thread exit can fail for want of memory here.
-#[derive(Debug)]
-#[must_use = "evicted objects must be released with `Engine::release`"]
-pub(crate) struct Evictions {
-    /// Index of the first evicted magazine, or [`NIL`].
-    first: u32,
-    /// The last one, whose link the next eviction goes into.
-    last: Option<NonNull<Magazine>>,
-}
-
-impl Default for Evictions {
-    fn default() -> Self {
-        Evictions {
-            first: NIL,
-            last: None,
-        }
-    }
-}
-
-impl Evictions {
-    pub(super) fn push(&mut self, eviction: Option<Eviction>) {
-        let Some(eviction) = eviction else {
-            return;
-        };
-        let mag = eviction.end_chain();
-        // SAFETY: the evictions own every magazine on their chain, `mag` included.
-        let index = unsafe { mag.as_ref() }.index;
-        match self.last {
-            // SAFETY: as above.
-            Some(last) => unsafe { last.as_ref() }
-                .next
-                .store(index, Ordering::Relaxed),
-            None => self.first = index,
-        }
-        self.last = Some(mag);
-    }
-}
 
 /// The untyped engine of one allocator.
 #[derive(Debug)]
@@ -233,6 +197,28 @@ impl Engine {
         self.percpu.as_ref()
     }
 
+    /// The depot as the supply of magazines no thread cache owns (CPUs' caches).
+    pub(crate) fn shared(&self) -> SharedDepot<'_> {
+        SharedDepot(self)
+    }
+
+    /// Every CPU's magazines to the depot ([`PerCpu::reclaim`]), under the cache-list
+    /// lock as every reclaim is; nothing for a dead allocator or one without CPU caches.
+    /// Returns the objects released (those the depot's budget refused).
+    pub(crate) fn reclaim_cpus(&self) -> usize {
+        let Some(pc) = &self.percpu else {
+            return 0;
+        };
+        let evictions = {
+            let _list = sync::lock(&self.cache_list);
+            if !self.is_alive() {
+                return 0;
+            }
+            pc.reclaim(&self.shared())
+        };
+        self.release(evictions)
+    }
+
     /// Whether the allocator still exists (a hint off the cache-list lock).
     pub(crate) fn is_alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
@@ -331,47 +317,26 @@ impl Engine {
         unsafe { self.backing().dealloc(p) };
     }
 
-    /// Makes the loaded magazine non-empty: swap with a non-empty previous, or exchange
-    /// with the depot. False when neither has objects.
+    /// Makes the loaded magazine non-empty: the exchange rules, with the stash and the
+    /// depot as the supply. False when neither has objects.
     ///
     /// # Safety
     /// As for [`refill_and_pop`](Self::refill_and_pop).
     #[inline]
     unsafe fn refill(&self, c: Owner<'_>) -> bool {
-        // SAFETY: forwarded; released before this returns, and nothing below runs user
+        // SAFETY: forwarded; released before this returns, and the rules run no user
         // code.
         let o = unsafe { c.owned() };
         debug_assert_eq!(o.loaded_len(), 0);
-        // SAFETY: the cache owns its previous magazine.
-        if o.previous().is_some_and(|p| unsafe { p.len() } > 0) {
-            o.swap(self.capacity());
-            return true;
+        exchange::refill(&mut self.pair(o), &ThreadSupply { engine: self, c })
+    }
+
+    /// A thread cache's magazines, for the exchange rules.
+    fn pair<'e>(&'e self, owned: &'e mut OwnerPart) -> ThreadPair<'e> {
+        ThreadPair {
+            owned,
+            capacity: self.capacity(),
         }
-        // SAFETY: stash indices name descriptors of this engine's table.
-        let full = match c.stash_pop(|i| unsafe { self.depot.magazine(i) }) {
-            Some(full) => full,
-            None => {
-                let Some(full) = self.depot.take_full() else {
-                    return false;
-                };
-                c.counters.refills.bump(1);
-                self.grow(c);
-                full
-            }
-        };
-        // The previous magazine is empty (else it would have been swapped in): keep it
-        // for the stash's next fill, or hand it to the depot (never evicted).
-        if let Some(prev) = o.take_previous() {
-            // SAFETY: a descriptor of this engine's table, owned by the cache.
-            let prev = unsafe { self.mag(prev) };
-            if !c.keep_empty(prev, self.stash_capacity(c)) {
-                self.put_empty(c, prev);
-            }
-        }
-        let loaded = o.unload();
-        o.set_previous(loaded);
-        o.load(full, self.capacity());
-        true
     }
 
     /// Magazines the stash of `c` may hold under its grant.
@@ -408,41 +373,18 @@ impl Engine {
         }
     }
 
-    /// Makes room in the loaded magazine: swap with a non-full previous, or exchange
-    /// with the depot. `None` when the depot cannot supply an empty magazine.
+    /// Makes room in the loaded magazine: the exchange rules, with the stash and the
+    /// depot as the supply. `None` when the depot cannot supply an empty magazine.
     ///
     /// # Safety
     /// As for [`refill_and_pop`](Self::refill_and_pop).
     #[inline]
     unsafe fn make_room(&self, c: Owner<'_>) -> Option<Evictions> {
-        // SAFETY: forwarded; released before this returns, and nothing below runs user
+        // SAFETY: forwarded; released before this returns, and the rules run no user
         // code.
         let o = unsafe { c.owned() };
         debug_assert_eq!(o.loaded_len(), o.loaded_cap());
-        let cap = self.capacity();
-        // SAFETY: the cache owns its previous magazine.
-        if o.previous().is_some_and(|p| unsafe { p.len() } < cap) {
-            o.swap(cap);
-            return Some(Evictions::default());
-        }
-        // SAFETY: kept empties are descriptors of this engine's table.
-        let empty = match c.take_empty(|i| unsafe { self.depot.magazine(i) }) {
-            Some(m) => m,
-            None => self.depot.take_empty()?,
-        };
-        let mut evictions = Evictions::default();
-        if let Some(prev) = o.take_previous() {
-            // SAFETY: a descriptor of this engine's table, owned by the cache.
-            let prev = unsafe { self.mag(prev) };
-            if !c.stash_push_within_grant(prev, self.magazine_bytes) {
-                c.note_spill();
-                evictions.push(self.put(c, prev));
-            }
-        }
-        let loaded = o.unload();
-        o.set_previous(loaded);
-        o.load(empty, self.capacity());
-        Some(evictions)
+        exchange::make_room(&mut self.pair(o), &ThreadSupply { engine: self, c })
     }
 
     /// Depot-only allocation: one object from a full (one-object) magazine.
@@ -529,19 +471,6 @@ impl Engine {
         eviction
     }
 
-    /// [`put`](Self::put) for a magazine no thread cache owns (a CPU's), counted on the
-    /// engine's own counters.
-    pub(super) fn put_shared(&self, mag: &Magazine) -> Option<Eviction> {
-        let (eviction, spills, overflows) = self.put_uncounted(mag);
-        if spills > 0 {
-            self.retired.spills.add_shared(spills);
-        }
-        if overflows > 0 {
-            self.retired.overflows.add_shared(overflows);
-        }
-        eviction
-    }
-
     /// Hands `mag` (owned by the caller) to the depot; returns the eviction to finish,
     /// and the spills and overflows to count.
     fn put_uncounted(&self, mag: &Magazine) -> (Option<Eviction>, u64, u64) {
@@ -566,7 +495,7 @@ impl Engine {
     /// number of objects released.
     pub(crate) fn release(&self, evictions: Evictions) -> usize {
         // SAFETY: a chain of evictions of this engine's depot, owned here.
-        unsafe { self.depot.evict_chain(evictions.first) }
+        unsafe { self.depot.evict_chain(evictions.into_first()) }
     }
 
     /// A permit to hand out one object of a capped allocator, for this thread (`c`, its

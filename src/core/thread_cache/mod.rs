@@ -12,9 +12,14 @@ use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
 
 use super::magazine::{self, Magazine, NIL};
-use crate::sync::{
-    self, const_fn, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, StatCounter,
-};
+
+mod owner_part;
+mod pin;
+
+pub(crate) use super::counters::{Counters, Counts};
+use crate::sync::{self, const_fn, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use owner_part::OwnerPart;
+pub(crate) use pin::Pin;
 
 /// Bumped whenever another thread posts flush requests (`trim_all`) or an allocator
 /// shuts down: each thread compares it with the value it last saw on its slow paths,
@@ -42,77 +47,6 @@ pub(crate) fn flush_epoch() -> u64 {
     // epoch also sees the flush requests and dead engines posted before it (with
     // Relaxed, a weak-memory CPU could skip them until the next idle pass).
     FLUSH_EPOCH.load(Ordering::Acquire)
-}
-
-/// Counters of one cache (or of all retired caches of an engine).
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    /// Allocations served to users (any path).
-    pub(crate) allocs: StatCounter,
-    /// Frees received from users (any path).
-    pub(crate) frees: StatCounter,
-    /// Magazines taken from the depot's full stack.
-    pub(crate) refills: StatCounter,
-    /// Magazines given to the depot that it kept.
-    pub(crate) spills: StatCounter,
-    /// Magazines given to the depot whose objects went to the backing allocator
-    /// because the budget was full.
-    pub(crate) overflows: StatCounter,
-}
-
-/// [`Counters`] read out as numbers.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Counts {
-    pub(crate) allocs: u64,
-    pub(crate) frees: u64,
-    pub(crate) refills: u64,
-    pub(crate) spills: u64,
-    pub(crate) overflows: u64,
-}
-
-impl Counters {
-    pub(crate) const fn new() -> Self {
-        Counters {
-            allocs: StatCounter::new(),
-            frees: StatCounter::new(),
-            refills: StatCounter::new(),
-            spills: StatCounter::new(),
-            overflows: StatCounter::new(),
-        }
-    }
-
-    /// Zeroes the counters (the owner, for a cache no other thread can reach).
-    fn reset(&self) {
-        for c in [
-            &self.allocs,
-            &self.frees,
-            &self.refills,
-            &self.spills,
-            &self.overflows,
-        ] {
-            c.reset();
-        }
-    }
-
-    /// Adds these counters' values to `sum`.
-    pub(crate) fn read_into(&self, sum: &mut Counts) {
-        sum.allocs += self.allocs.get();
-        sum.frees += self.frees.get();
-        sum.refills += self.refills.get();
-        sum.spills += self.spills.get();
-        sum.overflows += self.overflows.get();
-    }
-
-    /// Adds `other`'s values to these counters from any thread.
-    pub(crate) fn add_shared(&self, other: &Counters) {
-        let mut n = Counts::default();
-        other.read_into(&mut n);
-        self.allocs.add_shared(n.allocs);
-        self.frees.add_shared(n.frees);
-        self.refills.add_shared(n.refills);
-        self.spills.add_shared(n.spills);
-        self.overflows.add_shared(n.overflows);
-    }
 }
 
 /// One thread's cache for one allocator.
@@ -229,25 +163,6 @@ fn stash_next(head: u64, len: u32, top: u32) -> u64 {
 /// Unpacks a stash head into `(len, top)`.
 fn stash_parts(head: u64) -> (u32, u32) {
     ((head >> 32) as u32, (head & u64::from(NIL)) as u32)
-}
-
-/// The owner-only part of a [`ThreadCache`].
-#[derive(Debug)]
-#[repr(C)]
-pub(crate) struct OwnerPart {
-    /// Instance number of the engine this cache belongs to ([`EMPTY`](super::ids::EMPTY) when unused).
-    pub(crate) instance: u64,
-    /// Slot array of the loaded magazine (dangling when `cap == 0`).
-    slots: *mut *mut u8,
-    /// Objects in the loaded magazine.
-    len: usize,
-    /// Capacity of the loaded magazine; 0 when there is none, so both fast paths fall
-    /// through to the slow path.
-    cap: usize,
-    /// The loaded magazine's descriptor (its `len` is stale while it is loaded).
-    loaded: *const Magazine,
-    /// The previous magazine, or null; its descriptor's `len` is current.
-    previous: *const Magazine,
 }
 
 impl ThreadCache {
@@ -665,107 +580,6 @@ impl<'c> Owner<'c> {
     }
 }
 
-impl OwnerPart {
-    const fn empty(instance: u64) -> Self {
-        OwnerPart {
-            instance,
-            slots: ptr::null_mut(),
-            len: 0,
-            cap: 0,
-            loaded: ptr::null(),
-            previous: ptr::null(),
-        }
-    }
-
-    pub(crate) fn previous(&self) -> Option<&Magazine> {
-        // SAFETY: a non-null `previous` is a descriptor of the engine's table, which
-        // outlives every cache of the engine.
-        unsafe { self.previous.as_ref() }
-    }
-
-    /// Objects in the loaded magazine.
-    pub(crate) fn loaded_len(&self) -> usize {
-        self.len
-    }
-
-    /// Capacity of the loaded magazine (0 when none).
-    pub(crate) fn loaded_cap(&self) -> usize {
-        self.cap
-    }
-
-    /// Removes the loaded magazine (writing its count back); the caller owns it.
-    pub(crate) fn unload(&mut self) -> Option<NonNull<Magazine>> {
-        let mag = NonNull::new(self.loaded.cast_mut())?;
-        let len = self.len;
-        // SAFETY: a non-null `loaded` is a live descriptor, owned by this cache.
-        unsafe { mag.as_ref().with_rounds(|r| r.len = len) };
-        self.loaded = ptr::null();
-        self.slots = ptr::null_mut();
-        self.len = 0;
-        self.cap = 0;
-        Some(mag)
-    }
-
-    /// Makes `mag` (owned by the caller, with slot storage) the loaded magazine. There
-    /// must be no loaded magazine.
-    pub(crate) fn load(&mut self, mag: &Magazine, capacity: usize) {
-        debug_assert!(self.loaded.is_null());
-        // SAFETY: the caller hands over ownership.
-        let (slots, len) = unsafe { mag.with_rounds(|r| (r.slots, r.len)) };
-        debug_assert!(!slots.is_null() && len <= capacity);
-        self.slots = slots;
-        self.len = len;
-        self.cap = capacity;
-        self.loaded = mag;
-    }
-
-    /// Removes the previous magazine; the caller owns it.
-    pub(crate) fn take_previous(&mut self) -> Option<NonNull<Magazine>> {
-        let mag = NonNull::new(self.previous.cast_mut());
-        self.previous = ptr::null();
-        mag
-    }
-
-    /// Makes `mag` (owned by the caller) the previous magazine. There must be none.
-    pub(crate) fn set_previous(&mut self, mag: Option<NonNull<Magazine>>) {
-        debug_assert!(self.previous.is_null(), "a previous magazine would be lost");
-        self.previous = mag.map_or(ptr::null(), |m| m.as_ptr());
-    }
-
-    /// Swaps loaded and previous (either may be absent).
-    pub(crate) fn swap(&mut self, capacity: usize) {
-        let loaded = self.unload();
-        if let Some(prev) = self.take_previous() {
-            // SAFETY: the previous magazine is a live descriptor owned by this cache.
-            self.load(unsafe { prev.as_ref() }, capacity);
-        }
-        self.set_previous(loaded);
-    }
-}
-
-/// Keeps a thread's cache from being retired by `release_thread_cache` while a
-/// `LocalCache` points at it.
-pub(crate) struct Pin(*const ThreadCache);
-
-impl Pin {
-    /// Pins this thread's registered cache.
-    pub(crate) fn new(cache: Owner<'_>) -> Self {
-        let pins = cache.pins.get().checked_add(1);
-        cache
-            .pins
-            .set(pins.expect("proxalloc: with_local nested 65535 deep"));
-        Pin(cache.cache)
-    }
-}
-
-impl Drop for Pin {
-    fn drop(&mut self) {
-        // SAFETY: a pinned cache is not freed until its thread exits, this pin lives on
-        // that thread's stack, and no owner borrow is live where a pin drops.
-        unsafe { (*self.0).pins.set((*self.0).pins.get() - 1) };
-    }
-}
-
 #[cfg(all(test, not(proxalloc_loom)))]
-#[path = "tests/thread_cache.rs"]
+#[path = "../tests/thread_cache.rs"]
 mod tests;

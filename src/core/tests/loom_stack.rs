@@ -1,4 +1,4 @@
-//! Models of the depot's tagged Treiber stack: the textbook ABA interleaving, with the
+//! Models of the magazine stack (the depot's tagged Treiber stack, `core/stack.rs`): the textbook ABA interleaving, with the
 //! generation field wide enough (must pass) and too narrow or absent (must fail).
 //!
 //! Each magazine's `len` field doubles as a payload: the owner writes it before every push
@@ -8,8 +8,8 @@
 use loom::sync::Arc;
 use loom::thread;
 
-use crate::core::depot::{for_each_in_chain, MagazineStack};
 use crate::core::magazine::{Magazine, MagazineTable};
+use crate::core::stack::{for_each_in_chain, MagazineStack};
 
 struct Fixture {
     table: MagazineTable,
