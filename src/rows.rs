@@ -6,71 +6,87 @@
 
 use std::fmt;
 
-/// A snapshot of one allocator's counters, from
-/// [`ClassAllocator::stats`](crate::ClassAllocator::stats).
-///
-/// Counters are summed over every thread cache when read. While other threads are
-/// allocating the snapshot is not atomic (each counter is read once, at a slightly
-/// different moment); when they are quiescent it is exact, and then
-/// `live + cached_in_threads + cached_in_depot == backing_allocs - backing_frees`.
-///
-/// ```
-/// use proxalloc::ClassAllocator;
-/// let a = ClassAllocator::<[u8; 32]>::new("doc-stats");
-/// let x = a.alloc([0; 32]);
-/// drop(a.alloc([1; 32]));
-/// let s = a.stats();
-/// assert_eq!((s.name, s.object_size, s.allocs, s.frees, s.live), ("doc-stats", 32, 2, 1, 1));
-/// assert!(s.is_consistent());
-/// println!("{s}"); // one line: live, cached, reserved bytes, counters
-/// # drop(x);
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct Stats {
-    /// The allocator's name. (Deserialized, it is a copy kept for the rest of the
-    /// process, one per distinct name: deserialize untrusted input as [`Row`](crate::stats::Row)s.)
-    //
-    // (Spelt `core::primitive::str` so that serde's derive does not borrow it from the
-    // input, which would let `Stats` deserialize only from `'static` data.)
-    #[cfg_attr(feature = "serde", serde(deserialize_with = "de_name"))]
-    pub name: &'static core::primitive::str,
-    /// A number unique to this allocator instance in the process (names may repeat),
-    /// used to match rows of a [`Snapshot`](crate::stats::Snapshot) with later ones.
-    pub id: u64,
-    /// Size of one object in bytes.
-    pub object_size: usize,
-    /// Objects handed to users.
-    pub allocs: u64,
-    /// Objects given back by users.
-    pub frees: u64,
-    /// Objects in users' hands now (`allocs - frees`): cached objects are not counted.
-    pub live: u64,
-    /// Free objects held in thread caches (all threads), or in CPU caches with
-    /// [`CacheMode::PerCpu`](crate::CacheMode::PerCpu).
-    pub cached_in_threads: u64,
-    /// Free objects held in the depot.
-    pub cached_in_depot: u64,
-    /// Objects obtained from the backing allocator.
-    pub backing_allocs: u64,
-    /// Objects returned to the backing allocator.
-    pub backing_frees: u64,
-    /// Full magazines a thread took from the depot.
-    pub refills: u64,
-    /// Full magazines a thread gave to the depot (and the depot kept).
-    pub spills: u64,
-    /// Magazines whose objects went to the backing allocator because the depot budget
-    /// was full.
-    pub overflows: u64,
-    /// Thread caches currently registered (with per-CPU caches: threads that could not
-    /// use rseq).
-    pub threads: usize,
-    /// The caching mode the allocator runs in: what its `Config` asked for, except that
-    /// [`CacheMode::PerCpu`](crate::CacheMode::PerCpu) falls back to
-    /// [`ThreadCaches`](crate::CacheMode::ThreadCaches) where per-CPU caches cannot work,
-    /// and the environment can force [`Bypass`](crate::CacheMode::Bypass).
-    pub mode: crate::CacheMode,
+use crate::core::counters::{for_each_counter, Counts};
+
+// The struct is generated with the counters of `core::counters` as its fields.
+macro_rules! define_stats {
+    ($($(#[$attr:meta])* $name:ident $column:literal $doc:literal;)*) => {
+        /// A snapshot of one allocator's counters, from
+        /// [`ClassAllocator::stats`](crate::ClassAllocator::stats).
+        ///
+        /// Counters are summed over every thread cache when read. While other threads are
+        /// allocating the snapshot is not atomic (each counter is read once, at a slightly
+        /// different moment); when they are quiescent it is exact, and then
+        /// `live + cached_in_threads + cached_in_depot == backing_allocs - backing_frees`.
+        ///
+        /// ```
+        /// use proxalloc::ClassAllocator;
+        /// let a = ClassAllocator::<[u8; 32]>::new("doc-stats");
+        /// let x = a.alloc([0; 32]);
+        /// drop(a.alloc([1; 32]));
+        /// let s = a.stats();
+        /// assert_eq!((s.name, s.object_size, s.allocs, s.frees, s.live), ("doc-stats", 32, 2, 1, 1));
+        /// assert!(s.is_consistent());
+        /// println!("{s}"); // one line: live, cached, reserved bytes, counters
+        /// # drop(x);
+        /// ```
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+        pub struct Stats {
+            /// The allocator's name. (Deserialized, it is a copy kept for the rest of the
+            /// process, one per distinct name: deserialize untrusted input as [`Row`](crate::stats::Row)s.)
+            //
+            // (Spelt `core::primitive::str` so that serde's derive does not borrow it from the
+            // input, which would let `Stats` deserialize only from `'static` data.)
+            #[cfg_attr(feature = "serde", serde(deserialize_with = "de_name"))]
+            pub name: &'static core::primitive::str,
+            /// A number unique to this allocator instance in the process (names may repeat),
+            /// used to match rows of a [`Snapshot`](crate::stats::Snapshot) with later ones.
+            pub id: u64,
+            /// Size of one object in bytes.
+            pub object_size: usize,
+            $($(#[$attr])* #[doc = $doc] pub $name: u64,)*
+            /// Objects in users' hands now (`allocs - frees`): cached objects are not counted.
+            pub live: u64,
+            /// Free objects held in thread caches (all threads), or in CPU caches with
+            /// [`CacheMode::PerCpu`](crate::CacheMode::PerCpu).
+            pub cached_in_threads: u64,
+            /// Free objects held in the depot.
+            pub cached_in_depot: u64,
+            /// Objects obtained from the backing allocator.
+            pub backing_allocs: u64,
+            /// Objects returned to the backing allocator.
+            pub backing_frees: u64,
+            /// Thread caches currently registered (with per-CPU caches: threads that could not
+            /// use rseq).
+            pub threads: usize,
+            /// The caching mode the allocator runs in: what its `Config` asked for, except that
+            /// [`CacheMode::PerCpu`](crate::CacheMode::PerCpu) falls back to
+            /// [`ThreadCaches`](crate::CacheMode::ThreadCaches) where per-CPU caches cannot work,
+            /// and the environment can force [`Bypass`](crate::CacheMode::Bypass).
+            pub mode: crate::CacheMode,
+        }
+
+        impl Stats {
+            /// These stats with their counters set from `n`.
+            pub(crate) fn with_counts(mut self, n: &Counts) -> Self {
+                $($(#[$attr])* { self.$name = n.$name; })*
+                self
+            }
+
+            /// Every counter, as its dump column's name and its value, in the list's
+            /// order (see `core::counters`).
+            // (Pushes: an entry may carry a `cfg`, which `vec![]`'s elements cannot.)
+            #[allow(clippy::vec_init_then_push)]
+            pub(crate) fn counters(&self) -> Vec<(&'static str, u64)> {
+                let mut v = Vec::new();
+                $($(#[$attr])* v.push(($column, self.$name));)*
+                v
+            }
+        }
+    };
 }
+for_each_counter!(define_stats! {});
 
 impl Stats {
     /// Objects currently obtained from the backing allocator and not returned.
@@ -130,22 +146,18 @@ impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}: size {} B, live {}, cached {} in threads + {} in depot, reserved {} B; \
-             allocs {}, frees {}, refills {}, spills {}, overflows {}, backing {}/{}",
+            "{}: size {} B, live {}, cached {} in threads + {} in depot, reserved {} B; ",
             self.name,
             self.object_size,
             self.live,
             self.cached_in_threads,
             self.cached_in_depot,
             self.reserved_bytes(),
-            self.allocs,
-            self.frees,
-            self.refills,
-            self.spills,
-            self.overflows,
-            self.backing_allocs,
-            self.backing_frees,
-        )
+        )?;
+        for (column, value) in self.counters() {
+            write!(f, "{column} {value}, ")?;
+        }
+        write!(f, "backing {}/{}", self.backing_allocs, self.backing_frees)
     }
 }
 

@@ -76,6 +76,7 @@ fn dump_has_a_row_per_allocator_and_a_total() {
         "allocs",
         "refills",
         "spills",
+        "overflows",
         "backing-allocs",
     ] {
         assert!(header.contains(col), "missing column {col}: {header}");

@@ -13,6 +13,8 @@
 //! detector in the manner of this crate.
 
 mod buf;
+mod oversize;
+use oversize::Oversize;
 mod leaks;
 
 pub use buf::PooledBuf;
@@ -21,7 +23,7 @@ pub use leaks::{LeakLevel, LiveBuffer};
 use std::alloc::Layout;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
 use crate::class::{ClassAllocator, RawBytes};
@@ -105,59 +107,6 @@ impl fmt::Display for BufferError {
 }
 
 impl std::error::Error for BufferError {}
-
-/// Counters of the buffers above the largest class, which come from the global
-/// allocator; registered (as the `buffers-oversize` row) at the first such buffer.
-struct Oversize {
-    id: u64,
-    allocs: AtomicU64,
-    frees: AtomicU64,
-    live_bytes: AtomicU64,
-}
-
-impl Oversize {
-    /// Counters at zero (`id` 0: a row for an allocator that had no oversize buffer).
-    const fn new(id: u64) -> Self {
-        Oversize {
-            id,
-            allocs: AtomicU64::new(0),
-            frees: AtomicU64::new(0),
-            live_bytes: AtomicU64::new(0),
-        }
-    }
-
-    fn stats(&self) -> Stats {
-        // Frees first: a free that races the read is never counted without its alloc.
-        let frees = self.frees.load(Ordering::Relaxed);
-        let allocs = self.allocs.load(Ordering::Relaxed);
-        Stats {
-            name: "buffers-oversize",
-            id: self.id,
-            // Oversize buffers vary in size: the row counts buffers (their bytes are
-            // `BufferStats::oversize_live_bytes`).
-            object_size: 0,
-            allocs,
-            frees,
-            live: allocs.saturating_sub(frees),
-            backing_allocs: allocs,
-            backing_frees: frees,
-            mode: crate::CacheMode::Bypass,
-            ..Stats::default()
-        }
-    }
-}
-
-impl Registered for Oversize {
-    fn stats(&self) -> Option<Stats> {
-        Some(Oversize::stats(self))
-    }
-    fn trim(&self) -> usize {
-        0
-    }
-    fn trim_idle(&self) -> usize {
-        0
-    }
-}
 
 /// A buffer allocator's numbers: one [`Stats`] row per size class (whose `live` is the
 /// live buffers of that class), and the oversize buffers'.

@@ -247,17 +247,14 @@ pub(crate) fn stats(e: &Engine) -> Stats {
         name: e.name,
         id: e.instance,
         object_size,
-        allocs: n.allocs,
-        frees: n.frees,
         live,
         cached_in_threads: reserved.saturating_sub(live + cached_in_depot),
         cached_in_depot,
         backing_allocs,
         backing_frees,
-        refills: n.refills,
-        spills: n.spills,
-        overflows: n.overflows,
         threads,
         mode: e.mode(),
+        ..Stats::default()
     }
+    .with_counts(&n)
 }

@@ -233,11 +233,9 @@ impl Large {
             cached_in_depot: self.cached_blocks.get(),
             backing_allocs: self.system_allocs.get(),
             backing_frees: self.system_frees.get(),
-            refills: 0,
-            spills: 0,
-            overflows: 0,
             threads: 0,
             mode: crate::CacheMode::ThreadCaches,
+            ..Stats::default()
         }
     }
 }

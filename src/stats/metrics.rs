@@ -13,7 +13,7 @@ enum Kind {
 }
 
 /// One exported metric: its name, kind, unit, help text, and where its value comes from.
-struct Metric<R> {
+struct Metric<R: 'static> {
     name: &'static str,
     kind: Kind,
     unit: Unit,
@@ -25,8 +25,9 @@ struct Metric<R> {
 // source's `pool-blocks-large`).
 use crate::registry::Measured as Row;
 
-/// Per allocator name, labelled `allocator`.
-const PER_ALLOCATOR: [Metric<Row>; 13] = [
+/// Per allocator name, labelled `allocator`: these gauges, then a counter for each of
+/// `core::counters` (generated), then the backing allocator's two.
+const GAUGES: [Metric<Row>; 6] = [
     Metric {
         name: "proxalloc_live_objects",
         kind: Kind::Gauge,
@@ -69,41 +70,9 @@ const PER_ALLOCATOR: [Metric<Row>; 13] = [
         help: "Thread caches registered.",
         value: |r| r.stats.threads as u64,
     },
-    Metric {
-        name: "proxalloc_allocs_total",
-        kind: Kind::Counter,
-        unit: Unit::Count,
-        help: "Objects handed out.",
-        value: |r| r.stats.allocs,
-    },
-    Metric {
-        name: "proxalloc_frees_total",
-        kind: Kind::Counter,
-        unit: Unit::Count,
-        help: "Objects given back.",
-        value: |r| r.stats.frees,
-    },
-    Metric {
-        name: "proxalloc_refills_total",
-        kind: Kind::Counter,
-        unit: Unit::Count,
-        help: "Full magazines a thread took from the depot.",
-        value: |r| r.stats.refills,
-    },
-    Metric {
-        name: "proxalloc_spills_total",
-        kind: Kind::Counter,
-        unit: Unit::Count,
-        help: "Full magazines a thread gave to the depot.",
-        value: |r| r.stats.spills,
-    },
-    Metric {
-        name: "proxalloc_overflows_total",
-        kind: Kind::Counter,
-        unit: Unit::Count,
-        help: "Magazines whose objects went back to the backing allocator past the depot budget.",
-        value: |r| r.stats.overflows,
-    },
+];
+
+const BACKING: [Metric<Row>; 2] = [
     Metric {
         name: "proxalloc_backing_allocs_total",
         kind: Kind::Counter,
@@ -119,6 +88,49 @@ const PER_ALLOCATOR: [Metric<Row>; 13] = [
         value: |r| r.stats.backing_frees,
     },
 ];
+
+macro_rules! counter_metrics {
+    ($($(#[$attr:meta])* $name:ident $column:literal $doc:literal;)*) => {
+        /// A counter metric for each of `core::counters`: `proxalloc_<name>_total`.
+        // (Pushes: an entry may carry a `cfg`, which `vec![]`'s elements cannot.)
+        #[allow(clippy::vec_init_then_push)]
+        fn counter_metrics() -> Vec<Metric<Row>> {
+            let mut v = Vec::new();
+            $($(#[$attr])* v.push(Metric {
+                name: concat!("proxalloc_", stringify!($name), "_total"),
+                kind: Kind::Counter,
+                unit: Unit::Count,
+                help: $doc,
+                value: |r: &Row| r.stats.$name,
+            });)*
+            v
+        }
+    };
+}
+crate::core::counters::for_each_counter!(counter_metrics! {});
+
+/// The per-allocator metrics' names (for the crate's tests).
+#[cfg(test)]
+pub(crate) fn names() -> Vec<&'static str> {
+    per_allocator().iter().map(|m| m.name).collect()
+}
+
+/// Every per-allocator metric, in the export's order.
+fn per_allocator() -> Vec<Metric<Row>> {
+    let mut v: Vec<Metric<Row>> = GAUGES.iter().map(Metric::copy).collect();
+    v.extend(counter_metrics());
+    v.extend(BACKING.iter().map(Metric::copy));
+    v
+}
+
+impl<R> Metric<R> {
+    fn copy(&self) -> Metric<R> {
+        Metric {
+            value: self.value,
+            ..*self
+        }
+    }
+}
 
 /// Over all pool block sources, without labels.
 const POOL_SOURCES: [Metric<BlockSourceStats>; 5] = [
@@ -162,8 +174,8 @@ const POOL_SOURCES: [Metric<BlockSourceStats>; 5] = [
 /// Describes every metric (name, unit, help text) to the installed recorder: what a
 /// Prometheus exporter prints as `# HELP` (and uses as the unit) for each.
 fn describe() {
-    let names = PER_ALLOCATOR
-        .iter()
+    let names = per_allocator()
+        .into_iter()
         .map(|m| (m.name, m.kind, m.unit, m.help))
         .chain(
             POOL_SOURCES
@@ -242,10 +254,11 @@ fn set<R>(metric: &Metric<R>, v: u64, labels: &[(&'static str, &'static str)]) {
 /// ```
 pub fn record_metrics() {
     describe();
+    let per_allocator = per_allocator();
     /// One name's rows added up.
     struct Sum {
         name: &'static str,
-        values: [u64; PER_ALLOCATOR.len()],
+        values: Vec<u64>,
     }
     let mut sums: Vec<Sum> = Vec::new();
     let mut sources = [0u64; POOL_SOURCES.len()];
@@ -261,17 +274,17 @@ pub fn record_metrics() {
             None => {
                 sums.push(Sum {
                     name: stats.name,
-                    values: [0; PER_ALLOCATOR.len()],
+                    values: vec![0; per_allocator.len()],
                 });
                 sums.len() - 1
             }
         };
-        for (t, m) in sums[i].values.iter_mut().zip(&PER_ALLOCATOR) {
+        for (t, m) in sums[i].values.iter_mut().zip(&per_allocator) {
             *t = t.saturating_add((m.value)(&row));
         }
     }
     for sum in &sums {
-        for (m, v) in PER_ALLOCATOR.iter().zip(sum.values) {
+        for (m, &v) in per_allocator.iter().zip(&sum.values) {
             set(m, v, &[("allocator", sum.name)]);
         }
     }

@@ -22,6 +22,8 @@ pub use crate::rows::Stats;
 mod metrics;
 mod table;
 
+#[cfg(all(test, feature = "metrics"))]
+pub(crate) use metrics::names as metric_names;
 #[cfg(feature = "metrics")]
 pub use metrics::record_metrics;
 pub use table::{dump, dump_since, table, table_since, Row, Table};

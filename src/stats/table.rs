@@ -6,46 +6,89 @@ use std::io;
 
 use super::{all, Snapshot, Stats};
 
-/// One row of a dump ([`table`], [`table_since`]): an allocator's numbers, or their
-/// changes since a baseline (which may be negative), or the total of a table. The
-/// fields are the dump's columns. Unlike [`Stats`] its name is a `String`, so rows read
-/// back from anywhere (with the `serde` feature) cost no interning.
-///
-/// ```
-/// use proxalloc::{stats::Row, ClassAllocator};
-/// let a = ClassAllocator::<u64>::new("doc-row");
-/// let x = a.alloc(7);
-/// let row = Row::from(&a.stats());
-/// assert_eq!((row.name.as_str(), row.object_size, row.live), ("doc-row", Some(8), 1));
-/// # drop(x);
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct Row {
-    /// The allocator's name (`"TOTAL"` in a table's total).
-    pub name: String,
-    /// Size of one object in bytes (`None` in a table's total; `Some(0)` for the large
-    /// pool blocks, which vary in size: that row counts blocks).
-    pub object_size: Option<usize>,
-    /// Objects in users' hands.
-    pub live: i64,
-    /// Free objects in thread caches.
-    pub thread_cached: i64,
-    /// Free objects in the depot.
-    pub depot_cached: i64,
-    /// Bytes obtained from the backing allocator and not returned.
-    pub reserved_bytes: i64,
-    /// Objects handed to users.
-    pub allocs: i64,
-    /// Objects given back by users.
-    pub frees: i64,
-    /// Full magazines taken from the depot.
-    pub refills: i64,
-    /// Full magazines given to the depot.
-    pub spills: i64,
-    /// Objects obtained from the backing allocator.
-    pub backing_allocs: i64,
+// The struct is generated with a column for each counter of `core::counters`.
+macro_rules! define_row {
+    ($($(#[$attr:meta])* $name:ident $column:literal $doc:literal;)*) => {
+        /// One row of a dump ([`table`], [`table_since`]): an allocator's numbers, or their
+        /// changes since a baseline (which may be negative), or the total of a table. The
+        /// fields are the dump's columns. Unlike [`Stats`] its name is a `String`, so rows read
+        /// back from anywhere (with the `serde` feature) cost no interning.
+        ///
+        /// ```
+        /// use proxalloc::{stats::Row, ClassAllocator};
+        /// let a = ClassAllocator::<u64>::new("doc-row");
+        /// let x = a.alloc(7);
+        /// let row = Row::from(&a.stats());
+        /// assert_eq!((row.name.as_str(), row.object_size, row.live), ("doc-row", Some(8), 1));
+        /// # drop(x);
+        /// ```
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+        pub struct Row {
+            /// The allocator's name (`"TOTAL"` in a table's total).
+            pub name: String,
+            /// Size of one object in bytes (`None` in a table's total; `Some(0)` for the large
+            /// pool blocks, which vary in size: that row counts blocks).
+            pub object_size: Option<usize>,
+            /// Objects in users' hands.
+            pub live: i64,
+            /// Free objects in thread caches.
+            pub thread_cached: i64,
+            /// Free objects in the depot.
+            pub depot_cached: i64,
+            /// Bytes obtained from the backing allocator and not returned.
+            pub reserved_bytes: i64,
+            $($(#[$attr])* #[doc = $doc] pub $name: i64,)*
+            /// Objects obtained from the backing allocator.
+            pub backing_allocs: i64,
+        }
+
+        impl Row {
+            /// The row of one allocator's stats.
+            fn of(s: &Stats) -> Row {
+                Row {
+                    name: s.name.to_string(),
+                    object_size: Some(s.object_size),
+                    live: signed(s.live),
+                    thread_cached: signed(s.cached_in_threads),
+                    depot_cached: signed(s.cached_in_depot),
+                    reserved_bytes: signed(s.reserved_bytes()),
+                    $($(#[$attr])* $name: signed(s.$name),)*
+                    backing_allocs: signed(s.backing_allocs),
+                }
+            }
+
+            /// The numeric columns, in the dump's order.
+            fn columns_mut(&mut self) -> Vec<&mut i64> {
+                let mut v = vec![
+                    &mut self.live,
+                    &mut self.thread_cached,
+                    &mut self.depot_cached,
+                    &mut self.reserved_bytes,
+                ];
+                $($(#[$attr])* v.push(&mut self.$name);)*
+                v.push(&mut self.backing_allocs);
+                v
+            }
+        }
+
+        /// The dump's column headers, in its order.
+        fn header() -> Vec<&'static str> {
+            let mut v = vec![
+                "name",
+                "size",
+                "live",
+                "thread-cached",
+                "depot-cached",
+                "reserved-bytes",
+            ];
+            $($(#[$attr])* v.push($column);)*
+            v.push("backing-allocs");
+            v
+        }
+    };
 }
+crate::core::counters::for_each_counter!(define_row! {});
 
 /// A counter as a row's number (counters never reach `i64::MAX` in practice; they
 /// saturate there).
@@ -54,50 +97,9 @@ fn signed(v: u64) -> i64 {
 }
 
 impl Row {
-    /// The row of one allocator's stats.
-    fn of(s: &Stats) -> Row {
-        Row {
-            name: s.name.to_string(),
-            object_size: Some(s.object_size),
-            live: signed(s.live),
-            thread_cached: signed(s.cached_in_threads),
-            depot_cached: signed(s.cached_in_depot),
-            reserved_bytes: signed(s.reserved_bytes()),
-            allocs: signed(s.allocs),
-            frees: signed(s.frees),
-            refills: signed(s.refills),
-            spills: signed(s.spills),
-            backing_allocs: signed(s.backing_allocs),
-        }
-    }
-
     /// The numeric columns, in the dump's order.
-    fn columns(&self) -> [i64; 9] {
-        [
-            self.live,
-            self.thread_cached,
-            self.depot_cached,
-            self.reserved_bytes,
-            self.allocs,
-            self.frees,
-            self.refills,
-            self.spills,
-            self.backing_allocs,
-        ]
-    }
-
-    fn columns_mut(&mut self) -> [&mut i64; 9] {
-        [
-            &mut self.live,
-            &mut self.thread_cached,
-            &mut self.depot_cached,
-            &mut self.reserved_bytes,
-            &mut self.allocs,
-            &mut self.frees,
-            &mut self.refills,
-            &mut self.spills,
-            &mut self.backing_allocs,
-        ]
+    fn columns(&self) -> Vec<i64> {
+        self.clone().columns_mut().into_iter().map(|c| *c).collect()
     }
 
     fn write(&self, w: &mut impl io::Write) -> io::Result<()> {
@@ -166,8 +168,9 @@ impl Table {
     /// assert!(text.lines().last().unwrap().starts_with("TOTAL"));
     /// ```
     pub fn write(&self, w: &mut impl io::Write) -> io::Result<()> {
-        write!(w, "{:<24} {:>8}", HEADER[0], HEADER[1])?;
-        for h in &HEADER[2..] {
+        let header = header();
+        write!(w, "{:<24} {:>8}", header[0], header[1])?;
+        for h in &header[2..] {
             write!(w, " {h:>14}")?;
         }
         writeln!(w)?;
@@ -177,20 +180,6 @@ impl Table {
         self.total.write(w)
     }
 }
-
-const HEADER: [&str; 11] = [
-    "name",
-    "size",
-    "live",
-    "thread-cached",
-    "depot-cached",
-    "reserved-bytes",
-    "allocs",
-    "frees",
-    "refills",
-    "spills",
-    "backing-allocs",
-];
 
 /// Every allocator's row now, and their total: [`dump`] as data.
 ///
@@ -242,7 +231,8 @@ pub fn table_since(base: &Snapshot) -> Table {
 
 /// Writes one row per allocator (name, object size, live objects (in users' hands only),
 /// objects cached in thread caches and in the depot, bytes reserved from the system,
-/// allocations, frees, refills, spills, backing allocations) and a total row.
+/// allocations, frees, refills, spills, overflows (one column per counter), backing
+/// allocations) and a total row.
 ///
 /// A server typically calls it from a signal-handling thread or an admin endpoint; see
 /// `examples/stats_dump.rs`. [`table`] gives the same rows as data.

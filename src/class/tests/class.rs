@@ -1,0 +1,149 @@
+use super::ClassAllocator;
+
+/// The tests here that make dozens of allocators hold it: table indices are
+/// process-wide and reused last freed first, so one test's allocators (the other's
+/// fillers take every free inline index) decide which indices the other gets.
+static INDICES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn indices() -> std::sync::MutexGuard<'static, ()> {
+    INDICES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The fast paths find the cache through the hints alone: once set, they read as the
+/// engine's own numbers (a wrong offset or a dirty upper half would send every
+/// operation to the slow path, which no other test notices), an inline index is
+/// served by the inline fast path (a wrong mask would miss some), and a boxed one by
+/// the boxed lookup only.
+#[test]
+fn the_fast_paths_read_the_engines_numbers_from_the_hints() {
+    use crate::core::table::{hint_offset, inline_offset, DIRECT_BOXED, INLINE_CACHES};
+    let _indices = indices();
+    // Indices are dense and reused last freed first, so after other tests' allocators
+    // the first ones made here may all be boxed: make them until every kind is live
+    // (inline, boxed with its address in thread-local storage, and boxed past those).
+    let mut all = Vec::new();
+    let index = |a: &ClassAllocator<u64>| a.engine().index() as usize;
+    let boxed = |a: &ClassAllocator<u64>| inline_offset(index(a)).is_none();
+    let inline = |a: &ClassAllocator<u64>| !boxed(a);
+    let far = |a: &ClassAllocator<u64>| index(a) >= INLINE_CACHES + DIRECT_BOXED;
+    while all.len() < INLINE_CACHES + DIRECT_BOXED + 2
+        || !all.iter().any(boxed)
+        || !all.iter().any(inline)
+        || !all.iter().any(far)
+    {
+        assert!(all.len() < 4096, "no inline index came free");
+        let a = ClassAllocator::<u64>::new("hints-read");
+        drop(a.alloc(1));
+        all.push(a);
+    }
+    for a in &all {
+        // An object in this thread's cache, again: making hundreds of allocators (while
+        // other tests hold the inline indices) takes enough slow paths for idle passes,
+        // which release the magazines of the caches not used since the last one.
+        drop(a.alloc(1));
+        let e = a.engine();
+        let inline = inline_offset(e.index() as usize);
+        let offset = hint_offset(e.index() as usize).expect("a small index");
+        assert!(inline.is_none_or(|o| o == offset));
+        assert_eq!(
+            a.hints.offset_and_instance(),
+            (offset as usize, e.instance())
+        );
+        if inline.is_some() {
+            // The fast path serves this thread from its cache.
+            let p = a
+                .hints
+                .alloc()
+                .expect("the object just freed, from the fast path");
+            // SAFETY: the object was just taken from this allocator and is unused.
+            assert!(unsafe { a.hints.free(p) }, "freed through the fast path");
+            assert!(a.hints.boxed_alloc().is_none(), "an inline cache");
+        } else {
+            assert!(a.hints.alloc().is_none(), "a boxed cache is not inline");
+            // The boxed lookup serves this thread from its cache.
+            let p = a
+                .hints
+                .boxed_alloc()
+                .expect("the object just freed, from the boxed lookup");
+            // SAFETY: as above.
+            assert!(
+                unsafe { a.hints.boxed_free(p) },
+                "freed through the boxed lookup"
+            );
+        }
+    }
+}
+
+/// A dropped allocator's index passes to the next one made. A thread that still holds
+/// the old allocator's boxed cache (its magazines wait for that thread's next slow
+/// path) must not serve the new allocator from it: the boxed lookup compares
+/// instances, as the inline one does. (A seeded lookup that skips the compare pops the
+/// old allocator's object: the new one's books miss the allocation.)
+#[test]
+fn a_reused_boxed_index_is_not_served_from_the_old_allocators_cache() {
+    use crate::core::table::inline_offset;
+    use std::sync::mpsc;
+    let _indices = indices();
+    let index = |a: &ClassAllocator<u64>| a.engine().index() as usize;
+    // Allocators in use until a new one's index is boxed.
+    let mut filler = Vec::new();
+    let old = loop {
+        let a = ClassAllocator::<u64>::new("reuse-old");
+        drop(a.alloc(0));
+        if inline_offset(index(&a)).is_none() {
+            break a;
+        }
+        filler.push(a);
+    };
+    let old_index = index(&old);
+    let old = std::sync::Arc::new(old);
+    let (to_main, from_thread) = mpsc::channel();
+    let (to_thread, from_main) = mpsc::channel::<std::sync::Arc<ClassAllocator<u64>>>();
+    let held = std::sync::Arc::clone(&old);
+    let thread = std::thread::spawn(move || {
+        // Objects left in this thread's boxed cache of `old`.
+        drop((0..3).map(|i| held.alloc(i)).collect::<Vec<_>>());
+        drop(held);
+        to_main.send(()).unwrap();
+        let new = from_main.recv().unwrap();
+        let b = new.alloc(7);
+        assert_eq!(*b, 7);
+        let s = new.stats();
+        assert_eq!((s.allocs, s.live), (1, 1), "served from another cache: {s}");
+    });
+    from_thread.recv().unwrap();
+    drop(old);
+    // Indices are reused last freed first; another test may take this one first.
+    let mut made = Vec::new();
+    let new = loop {
+        let a = ClassAllocator::<u64>::new("reuse-new");
+        let _ = a.engine();
+        if index(&a) == old_index || made.len() == 64 {
+            break a;
+        }
+        made.push(a);
+    };
+    to_thread.send(std::sync::Arc::new(new)).unwrap();
+    thread.join().unwrap();
+}
+
+/// A dropped allocator gives its table index back (`ids::release` in the shutdown),
+/// so allocators made and dropped one after another keep reusing a few indices
+/// (inline caches) instead of climbing into boxed ones. Other tests claim indices
+/// meanwhile, so this counts distinct indices rather than expecting one.
+#[test]
+fn a_dropped_allocators_index_is_reused() {
+    let _indices = indices();
+    let rounds = if cfg!(miri) { 20 } else { 2000 };
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..rounds {
+        let a = ClassAllocator::<u64>::new("index-reuse");
+        drop(a.alloc(i));
+        seen.insert(a.engine().index());
+    }
+    assert!(
+        seen.len() <= rounds as usize / 2,
+        "{} distinct indices for {rounds} allocators made and dropped in turn",
+        seen.len()
+    );
+}
