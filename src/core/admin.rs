@@ -17,7 +17,7 @@
 
 use super::engine::{Engine, Listed};
 use super::exchange::Evictions;
-use super::idle::IdleInterval;
+use super::idle::{IdleInterval, Seen};
 use super::ids;
 use super::thread_cache::{self, Counts, Owner, ThreadCache};
 use crate::rows::Stats;
@@ -126,8 +126,8 @@ pub(crate) fn trim_idle_stashes(e: &Engine) -> Option<IdleInterval> {
             // SAFETY: registered caches stay allocated while the lock is held; only
             // their atomic counters are read (see `stats`).
             unsafe { ThreadCache::counters(c) }.read_into(&mut n);
-            let ops = n.allocs.wrapping_add(n.frees);
-            if ops == listed.ops_seen {
+            let now = Seen::at(n.ops());
+            if listed.trim_seen.replace(now) == Some(now) {
                 // SAFETY: as above; only atomic fields are touched.
                 unsafe {
                     if !listed.asked {
@@ -140,14 +140,13 @@ pub(crate) fn trim_idle_stashes(e: &Engine) -> Option<IdleInterval> {
             } else {
                 listed.asked = false;
             }
-            listed.ops_seen = ops;
             total.allocs += n.allocs;
             total.frees += n.frees;
         }
         if let Some(pc) = &e.percpu {
             pc.read_counts(&mut total);
         }
-        engine_idle = list.idle_watch.end(total.allocs.wrapping_add(total.frees));
+        engine_idle = list.idle_watch.end(total.ops());
     }
     if asked {
         thread_cache::announce_flush_requests();

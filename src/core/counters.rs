@@ -68,6 +68,20 @@ macro_rules! define_counters {
 }
 for_each_counter!(define_counters! {});
 
+impl Counts {
+    /// Operations: allocations plus frees (wrapping), what idleness is judged by.
+    pub(crate) fn ops(&self) -> u64 {
+        self.allocs.wrapping_add(self.frees)
+    }
+}
+
+impl Counters {
+    /// Operations (see [`Counts::ops`]), for the thread that bumps these counters.
+    pub(crate) fn ops(&self) -> u64 {
+        self.allocs.get().wrapping_add(self.frees.get())
+    }
+}
+
 #[cfg(all(test, not(proxalloc_loom)))]
 #[path = "tests/counters.rs"]
 mod tests;

@@ -37,11 +37,27 @@ pub(crate) enum IdleInterval {
     Ended { released: usize, engine_idle: bool },
 }
 
+/// What one observer last saw of something's activity: its operations (allocations
+/// plus frees), wrapping and kept to 32 bits so that a thread cache holds one in 4
+/// bytes. An interval is idle when the count did not move. The idle collector keeps one
+/// in each thread cache, `trim_idle` one for each registered cache and, with a time
+/// ([`IdleWatch`]), one for each allocator: one idea, one type. (An interval of exactly
+/// 2^32 operations looks idle; nothing is lost then, the cache only gives back early.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Seen(u32);
+
+impl Seen {
+    /// A look at `ops` operations.
+    pub(crate) const fn at(ops: u64) -> Self {
+        Seen(ops as u32)
+    }
+}
+
 /// One `trim_idle` interval of something that counts its operations (an engine, all
 /// its caches together; a block source's large blocks): its count and when, at the
 /// previous call that counted.
 #[derive(Debug, Default)]
-pub(crate) struct IdleWatch(Option<(u64, std::time::Instant)>);
+pub(crate) struct IdleWatch(Option<(Seen, std::time::Instant)>);
 
 impl IdleWatch {
     /// Whether a call now would come sooner than the minimum interval after the previous
@@ -54,8 +70,9 @@ impl IdleWatch {
     /// Ends the interval at `ops` operations and starts the next: whether none happened
     /// in it (false for the first).
     pub(crate) fn end(&mut self, ops: u64) -> bool {
-        let idle = self.0.is_some_and(|(before, _)| before == ops);
-        self.0 = Some((ops, std::time::Instant::now()));
+        let now = Seen::at(ops);
+        let idle = self.0.is_some_and(|(before, _)| before == now);
+        self.0 = Some((now, std::time::Instant::now()));
         idle
     }
 }

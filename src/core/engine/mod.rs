@@ -18,7 +18,7 @@ use super::backing::{Backing, ObjectHooks};
 use super::budget::{self, ByteBudget};
 use super::depot::{Depot, DepotBudget, Eviction, Put};
 use super::exchange::{self, Evictions};
-use super::idle::IdleWatch;
+use super::idle::{IdleWatch, Seen};
 use super::ids;
 
 mod supply;
@@ -43,9 +43,8 @@ pub(super) struct CacheList {
 #[derive(Debug)]
 pub(super) struct Listed {
     pub(super) cache: *const ThreadCache,
-    /// Its operations (allocations and frees) at the previous `trim_idle` that counted,
-    /// or `u64::MAX` before one has seen it.
-    pub(super) ops_seen: u64,
+    /// Its operations at the previous `trim_idle` that counted (`None` before one).
+    pub(super) trim_seen: Option<Seen>,
     /// Whether `trim_idle` found it idle then too, and asked it to flush already (so
     /// that a cache idle for good is not asked again at every call, each of which would
     /// make every thread sweep its table).
@@ -56,7 +55,7 @@ impl Listed {
     pub(super) fn new(cache: *const ThreadCache) -> Self {
         Listed {
             cache,
-            ops_seen: u64::MAX,
+            trim_seen: None,
             asked: false,
         }
     }

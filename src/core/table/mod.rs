@@ -8,6 +8,7 @@ use std::ptr;
 use super::admin;
 use super::engine::Engine;
 use super::exchange::Evictions;
+use super::idle::Seen;
 use super::ids::EMPTY;
 use super::thread_cache::{self, Owner, OwnerKey, ThreadCache};
 use crate::sync::{self, Arc};
@@ -384,12 +385,11 @@ impl Table {
                         let evictions = engine.flush(c);
                         garbage.push(engine.clone(), evictions);
                     } else if idle_pass {
-                        let ops = (c.counters.allocs.get() + c.counters.frees.get()) as u32;
-                        if ops == c.gc_seen.get() {
+                        let now = Seen::at(c.counters.ops());
+                        if c.collector_seen.replace(now) == now {
                             let evictions = admin::release_idle_magazine(engine, c);
                             garbage.push(engine.clone(), evictions);
                         }
-                        c.gc_seen.set(ops);
                     }
                 }
             });

@@ -11,6 +11,7 @@ use std::cell::{Cell, UnsafeCell};
 use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
 
+use super::idle::Seen;
 use super::magazine::{self, Magazine, NIL};
 
 mod owner_part;
@@ -89,9 +90,8 @@ pub(crate) struct ThreadCache {
     /// Empty magazines kept for the stash's next fills (owner only), linked through
     /// `next`.
     empties: Cell<*const Magazine>,
-    /// `allocs + frees` (truncated) when the idle collector last looked at this cache
-    /// (owner only).
-    pub(super) gc_seen: Cell<u32>,
+    /// This cache's operations when the idle collector last looked at it (owner only).
+    pub(super) collector_seen: Cell<Seen>,
     /// Permits to have objects live, drawn from a capped allocator's shared count (see
     /// `Config::max_live`); the owner takes and returns them, a refused thread takes
     /// them all back (both with read-modify-writes, so none is lost).
@@ -175,7 +175,7 @@ impl ThreadCache {
                 flush_request: AtomicBool::new(false),
                 pins: Cell::new(0),
                 credits: AtomicU32::new(0),
-                gc_seen: Cell::new(0),
+                collector_seen: Cell::new(Seen::at(0)),
                 stash: AtomicU64::new(stash_head(0, NIL)),
                 grant: AtomicUsize::new(0),
                 empties: Cell::new(ptr::null()),
@@ -232,7 +232,7 @@ impl ThreadCache {
         self.flush_request.store(false, Ordering::Relaxed);
         self.pins.set(0);
         self.credits.store(0, Ordering::Relaxed);
-        self.gc_seen.set(0);
+        self.collector_seen.set(Seen::at(0));
         debug_assert_eq!(stash_parts(self.stash.load(Ordering::Relaxed)).1, NIL);
         debug_assert_eq!(self.grant.load(Ordering::Relaxed), 0);
         debug_assert!(self.empties.get().is_null());
