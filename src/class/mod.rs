@@ -202,7 +202,7 @@ impl<T> ClassAllocator<T> {
         let (e, lost) = self.engine.publish(fresh);
         match lost {
             None => {
-                self.hints.set(e, self.capped());
+                self.hints.set(e);
                 crate::registry::register::<Engine>(&self.engine.arc());
             }
             // SAFETY: ours was never published or used.

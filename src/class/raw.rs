@@ -57,12 +57,6 @@ impl<T> ClassAllocator<T> {
         }
     }
 
-    /// Whether `Config::max_live` caps this allocator.
-    #[inline(always)]
-    pub(super) fn capped(&self) -> bool {
-        self.config.max_live != usize::MAX
-    }
-
     /// Misuse detection: records an object handed out (compiled out of release builds
     /// without the `debug-checks` feature).
     #[inline(always)]

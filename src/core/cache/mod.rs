@@ -80,7 +80,7 @@ impl Hints {
     /// Points the hints at `engine`'s caches. A capped allocator leaves the instance
     /// unset, so its fast paths never match and every operation counts its permit on
     /// the slow path.
-    pub(crate) fn set(&self, engine: &Engine, capped: bool) {
+    pub(crate) fn set(&self, engine: &Engine) {
         use crate::sync::Ordering;
         if let Some(pc) = engine.percpu() {
             // Release, paired with `cpus`'s Acquire: the caches, written before, are
@@ -95,7 +95,7 @@ impl Hints {
         // inline cache's, which is another engine's or (index 0) this one's own. (A boxed
         // engine's instance is in no inline cache, whatever offset is read with it.)
         self.offset.store(offset, Ordering::Relaxed);
-        if !capped {
+        if !engine.capped() {
             self.instance.store(engine.instance(), Ordering::Relaxed);
         }
     }

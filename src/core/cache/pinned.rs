@@ -15,44 +15,48 @@ use crate::sync::Arc;
 ///
 /// A capped or per-CPU engine holds no cache here ([`direct`](Self::direct)): its
 /// operations take the allocator's own paths, which count permits or find the CPU.
-pub(crate) struct Pinned {
-    /// `None` without thread-local storage (objects go straight to and from the backing
-    /// allocator), or for a direct engine.
-    cache: Option<(Owner<'static>, Pin)>,
-    direct: bool,
+pub(crate) struct Pinned(Held);
+
+/// What a [`Pinned`] holds.
+enum Held {
+    /// This thread's cache, pinned (the pin is held for its drop).
+    Cache(Owner<'static>, #[allow(dead_code)] Pin),
+    /// No cache: no thread-local storage (objects go straight to and from the backing
+    /// allocator).
+    Backing,
+    /// A direct engine: its operations take the allocator's own paths.
+    Direct,
 }
 
 impl Pinned {
     /// Pins this thread's cache for `e` (registering one), unless `e` is direct.
     pub(crate) fn new(e: &Arc<Engine>) -> Self {
-        let direct = e.capped() || e.percpu().is_some();
-        Pinned {
-            cache: if direct {
-                None
-            } else {
-                cache_or_register(e).map(|c| (c, Pin::new(c)))
-            },
-            direct,
+        if e.capped() || e.percpu().is_some() {
+            return Pinned(Held::Direct);
         }
+        Pinned(match cache_or_register(e) {
+            Some(c) => Held::Cache(c, Pin::new(c)),
+            None => Held::Backing,
+        })
     }
 
     /// Whether the engine's operations must take the allocator's own paths (it is
     /// capped, or has per-CPU caches), not this.
     #[inline(always)]
     pub(crate) fn direct(&self) -> bool {
-        self.direct
+        matches!(self.0, Held::Direct)
     }
 
     /// An object of `e` (the engine this was pinned for); see [`alloc`]. Not for direct
     /// engines.
     #[inline(always)]
     pub(crate) fn alloc(&self, e: &Engine) -> Option<NonNull<u8>> {
-        debug_assert!(!self.direct);
-        match self.cache {
+        match &self.0 {
             // SAFETY: this thread's cache for `e`, pinned for the whole call; nothing
             // borrows its owner part between calls into the allocator.
-            Some((c, _)) => unsafe { alloc_from(e, c) },
-            None => e.alloc_backing(),
+            Held::Cache(c, _) => unsafe { alloc_from(e, *c) },
+            Held::Backing => e.alloc_backing(),
+            Held::Direct => unreachable!("a direct engine's pin allocates nothing"),
         }
     }
 
@@ -62,19 +66,20 @@ impl Pinned {
     /// As for [`free`].
     #[inline(always)]
     pub(crate) unsafe fn free(&self, e: &Engine, p: NonNull<u8>) {
-        debug_assert!(!self.direct);
-        match self.cache {
+        match &self.0 {
             // SAFETY: as in `alloc`; `p` as promised.
-            Some((c, _)) => unsafe { free_into(e, c, p) },
+            Held::Cache(c, _) => unsafe { free_into(e, *c, p) },
             // SAFETY: forwarded.
-            None => unsafe { e.free_backing(p) },
+            Held::Backing => unsafe { e.free_backing(p) },
+            Held::Direct => unreachable!("a direct engine's pin frees nothing"),
         }
     }
 }
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        drop(self.cache.take());
+        // The pin goes first: a flush honoured now may retire the cache.
+        self.0 = Held::Backing;
         table::honour_flush_requests();
     }
 }

@@ -72,7 +72,9 @@ pub(crate) struct Engine {
     pub(super) index: u32,
     pub(super) instance: u64,
     pub(super) name: &'static str,
-    pub(super) mode: CacheMode,
+    /// How the thread caches work: never `PerCpu` (per-CPU caches are `percpu`, and
+    /// [`mode`](Self::mode) derives the mode in effect from both).
+    pub(super) thread_mode: CacheMode,
     pub(super) depot: Depot,
     /// The per-CPU caches, for `CacheMode::PerCpu` where rseq works (`mode` is then
     /// `PerCpu`; threads that cannot use rseq still use per-thread caches).
@@ -122,8 +124,9 @@ impl Engine {
             _ => None,
         };
         let capacity = config.magazine_capacity(layout.size(), percpu.is_some());
-        let mode = match mode {
-            CacheMode::PerCpu if percpu.is_none() => CacheMode::ThreadCaches,
+        // A per-CPU allocator's threads without an rseq area use thread caches.
+        let thread_mode = match mode {
+            CacheMode::PerCpu => CacheMode::ThreadCaches,
             mode => mode,
         };
         let depot = |budget| {
@@ -145,7 +148,7 @@ impl Engine {
             index,
             instance,
             name,
-            mode,
+            thread_mode,
             depot,
             percpu,
             alive: AtomicBool::new(true),
@@ -177,11 +180,9 @@ impl Engine {
     /// The caching mode in effect: per-CPU caches fall back to thread caches, for good,
     /// once a `membarrier` fence has failed (see `rseq::fence`).
     pub(crate) fn mode(&self) -> CacheMode {
-        match self.mode {
-            CacheMode::PerCpu if super::rseq::fence::disabled().is_some() => {
-                CacheMode::ThreadCaches
-            }
-            mode => mode,
+        match &self.percpu {
+            Some(_) if super::rseq::fence::disabled().is_none() => CacheMode::PerCpu,
+            _ => self.thread_mode,
         }
     }
 
@@ -255,14 +256,11 @@ impl Engine {
             self.instance,
             "a cache of another allocator"
         );
-        match self.mode {
+        match self.thread_mode {
             // SAFETY: forwarded.
-            // (A per-CPU allocator's per-thread caches: threads that cannot use rseq.)
-            CacheMode::ThreadCaches | CacheMode::PerCpu => {
-                unsafe { self.refill(c) }.then(|| c.pop()).flatten()
-            }
+            CacheMode::ThreadCaches => unsafe { self.refill(c) }.then(|| c.pop()).flatten(),
             CacheMode::DepotOnly => self.take_one(c).inspect(|_| c.counters.allocs.bump(1)),
-            CacheMode::Bypass => None,
+            CacheMode::Bypass | CacheMode::PerCpu => None,
         }
     }
 
@@ -283,16 +281,14 @@ impl Engine {
             self.instance,
             "a cache of another allocator"
         );
-        let done = match self.mode {
+        let done = match self.thread_mode {
             // SAFETY: forwarded; `make_room` runs no user code.
-            CacheMode::ThreadCaches | CacheMode::PerCpu => {
-                unsafe { self.make_room(c) }.inspect(|_| {
-                    let pushed = c.push(p);
-                    debug_assert!(pushed);
-                })
-            }
+            CacheMode::ThreadCaches => unsafe { self.make_room(c) }.inspect(|_| {
+                let pushed = c.push(p);
+                debug_assert!(pushed);
+            }),
             CacheMode::DepotOnly => self.give_one(c, p).inspect(|_| c.counters.frees.bump(1)),
-            CacheMode::Bypass => None,
+            CacheMode::Bypass | CacheMode::PerCpu => None,
         };
         done.map(|evictions| self.release(evictions)).is_some()
     }

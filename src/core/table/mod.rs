@@ -15,7 +15,7 @@ use crate::sync::{self, Arc};
 
 mod lookup;
 
-#[cfg(test)]
+#[cfg(all(test, not(proxalloc_loom)))]
 pub(crate) use lookup::inline_offset;
 pub(crate) use lookup::{hint_offset, lookup, lookup_boxed, lookup_fast, Lookup};
 
