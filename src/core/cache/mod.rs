@@ -515,7 +515,7 @@ pub(crate) fn trim_idle(e: &Engine) -> usize {
 
 /// The allocator of `e` is being dropped: this thread's cache is retired now; the depot
 /// and other threads' stashes are released, and other threads are asked to retire
-/// their caches (see [`Engine::shutdown`]).
+/// their caches (see [`admin::shutdown`]).
 ///
 /// # Safety
 /// As for [`admin::shutdown`].
