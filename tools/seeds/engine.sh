@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Seeds bugs into the engine's shared pieces (the exchange rules, the two kinds of owner
+# that use them, the counter list, the idle snapshot) in a copy of this tree and checks
+# that the tests fail on each:
+#
+#   tools/seeds/engine.sh [SEED...]     # every seed, or the ones named
+#
+# Prints one line per seed, caught or missed, and fails if a seed is missed or does not
+# build. The unseeded tree must pass. (Not run by CI: a build of every test per seed.)
+set -euo pipefail
+root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
+work=$root/target/seeds-engine
+rules=src/core/exchange.rs
+
+# Each seed: file, the text it replaces, and the replacement (first occurrence).
+names=() files=() olds=() news=()
+seed() { names+=("$1"); files+=("$2"); olds+=("$3"); news+=("$4"); }
+# The rules: a refill that swaps in an empty previous magazine.
+seed swap-with-empty-previous $rules "if pair.previous_len().is_some_and(|n| n > 0) {" \
+    "if pair.previous_len().is_some() {"
+# The rules: a make-room that swaps in a full previous magazine.
+seed swap-with-full-previous $rules "    if pair.previous_len().is_some_and(|n| n < capacity) {" \
+    "    if pair.previous_len().is_some_and(|n| n <= capacity) {"
+# The rules: what the depot's budget refused is never released.
+seed evictions-dropped $rules "        evictions.push(supply.give_full(previous));" \
+    "        let _ = supply.give_full(previous);"
+# A thread cache's supply: a spill the stash could not take is not noted (no growth).
+seed spill-not-noted src/core/engine/supply.rs "        c.note_spill();
+" ""
+# A CPU's pair: a rotation that drops the loaded magazine instead of keeping it.
+seed cpu-rotate-loses-loaded src/core/percpu/mod.rs \
+    "        self.previous = self.loaded.replace(mag);" "        self.loaded = Some(mag);"
+# The counter list: the dump's columns forget the counters (header and values disagree).
+seed dump-columns-forgotten src/stats/table.rs \
+    "                \$(\$(#[\$attr])* v.push(&mut self.\$name);)*" ""
+# The idle snapshot: trim_idle never records what it saw.
+seed trim-seen-never-updated src/core/admin.rs \
+    "if listed.trim_seen.replace(now) == Some(now) {" "if listed.trim_seen == Some(now) {"
+
+tests() { # DIR -> 0 if the tests pass
+    (cd "$1" && CARGO_TARGET_DIR=$work/target timeout 900 cargo test -q >"$1.log" 2>&1)
+}
+
+copy() { # NAME -> a fresh copy of the tree at $work/NAME (newer than the last build)
+    rm -rf "${work:?}/$1"
+    mkdir -p "$work/$1"
+    git -C "$root" ls-files -z | (cd "$root" && xargs -0 tar -c) | tar -x -C "$work/$1"
+    find "$work/$1" -type f -exec touch {} +
+}
+
+mkdir -p "$work"
+copy clean
+tests "$work/clean" || { echo "the unseeded tree fails the tests: $work/clean.log"; exit 1; }
+echo "unseeded: passes"
+missed=0
+for i in "${!names[@]}"; do
+    name=${names[$i]}
+    if [ $# -gt 0 ] && ! printf '%s\n' "$@" | grep -qx "$name"; then continue; fi
+    copy "$name"
+    python3 - "$work/$name/${files[$i]}" "${olds[$i]}" "${news[$i]}" <<'PY'
+import sys
+path, old, new = sys.argv[1:4]
+s = open(path).read()
+assert old in s, f"the seed does not apply: {old!r}"
+open(path, 'w').write(s.replace(old, new, 1))
+PY
+    if tests "$work/$name"; then
+        echo "$name: MISSED"
+        missed=1
+    elif grep -q "could not compile" "$work/$name.log"; then
+        echo "$name: the seeded copy does not build ($work/$name.log)"
+        missed=1
+    else
+        why=$(grep -m1 -E "^test .* FAILED|panicked at|signal: [0-9]+" "$work/$name.log" | cut -c1-120 || true)
+        echo "$name: caught (${why:-see $work/$name.log})"
+    fi
+done
+exit $missed
