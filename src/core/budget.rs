@@ -120,3 +120,12 @@ loom::lazy_static! {
 pub(crate) fn thread_cache_budget() -> &'static ByteBudget {
     &THREAD_CACHE_BUDGET
 }
+
+/// Gives a stash's grant back to the process-wide budget.
+pub(crate) fn return_grant(bytes: usize) {
+    // Most caches never grow: leave the shared line alone for them (and, under loom,
+    // the budget is not reachable from the thread-local destructors at a model's end).
+    if bytes > 0 {
+        thread_cache_budget().release(bytes);
+    }
+}

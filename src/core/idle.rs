@@ -61,7 +61,7 @@ pub(crate) struct IdleWatch(Option<(Seen, std::time::Instant)>);
 
 impl IdleWatch {
     /// Whether a call now would come sooner than the minimum interval after the previous
-    /// one that counted (see [`MIN_IDLE_INTERVAL`](MIN_IDLE_INTERVAL)).
+    /// one that counted (see [`MIN_IDLE_INTERVAL`]).
     pub(crate) fn too_soon(&self) -> bool {
         self.0
             .is_some_and(|(_, at)| at.elapsed() < min_idle_interval())

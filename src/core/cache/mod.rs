@@ -18,7 +18,6 @@
 
 use std::ptr::NonNull;
 
-use super::admin;
 use super::engine::Engine;
 use super::idle::IdleInterval;
 use super::percpu::PerCpu;
@@ -403,7 +402,7 @@ pub(crate) unsafe fn free(e: &Arc<Engine>, p: NonNull<u8>) {
 #[cold]
 fn alloc_capped(e: &Arc<Engine>) -> Option<NonNull<u8>> {
     let c = cache_or_register(e);
-    if !e.take_credit(c) {
+    if !e.admin().take_credit(c) {
         return None;
     }
     /// Gives the permit back unless the allocation succeeds: if it fails, or unwinds
@@ -412,7 +411,7 @@ fn alloc_capped(e: &Arc<Engine>) -> Option<NonNull<u8>> {
     struct PermitGuard<'e>(&'e Engine);
     impl Drop for PermitGuard<'_> {
         fn drop(&mut self) {
-            self.0.return_credit(None);
+            self.0.admin().return_credit(None);
         }
     }
     let guard = PermitGuard(e);
@@ -435,7 +434,7 @@ fn alloc_capped(e: &Arc<Engine>) -> Option<NonNull<u8>> {
 #[cold]
 unsafe fn free_capped(e: &Arc<Engine>, p: NonNull<u8>) {
     let c = cache_or_register(e);
-    e.return_credit(c);
+    e.admin().return_credit(c);
     match c {
         // SAFETY: this thread's cache for `e`; `return_credit` ran no user code.
         Some(c) => unsafe { free_into(e, c, p) },
@@ -465,7 +464,7 @@ pub(crate) fn release_thread_cache(e: &Engine) -> usize {
 pub(crate) fn trim(e: &Engine) -> usize {
     // Every CPU's magazines first (to the depot, whose trim below releases them).
     let from_cpus = e.reclaim_cpus();
-    let Some(mut released) = admin::trim_stashes(e) else {
+    let Some(mut released) = e.admin().trim_stashes(&e.depot) else {
         return 0;
     };
     released += from_cpus;
@@ -478,7 +477,7 @@ pub(crate) fn trim(e: &Engine) -> usize {
         let evictions = unsafe { e.flush(c) };
         released += e.release(evictions);
     }
-    admin::trim_depot(e, released)
+    released + e.depot.trim()
 }
 
 /// Gives back what of `e` went unused since the previous call: the stash of every
@@ -488,13 +487,17 @@ pub(crate) fn trim(e: &Engine) -> usize {
 /// the allocator made no operation at all). The first call only starts the interval.
 /// Returns the number of objects released (0 for a dead allocator).
 pub(crate) fn trim_idle(e: &Engine) -> usize {
-    let (mut released, engine_idle) = match admin::trim_idle_stashes(e) {
-        None | Some(IdleInterval::TooShort) => return 0,
-        Some(IdleInterval::Ended {
-            released,
-            engine_idle,
-        }) => (released, engine_idle),
-    };
+    let (mut released, engine_idle) =
+        match e
+            .admin()
+            .trim_idle_stashes(&e.depot, &e.retired, e.percpu())
+        {
+            None | Some(IdleInterval::TooShort) => return 0,
+            Some(IdleInterval::Ended {
+                released,
+                engine_idle,
+            }) => (released, engine_idle),
+        };
     if engine_idle {
         released += e.reclaim_cpus();
     }
@@ -507,7 +510,7 @@ pub(crate) fn trim_idle(e: &Engine) -> usize {
         }
     }
     if engine_idle {
-        admin::trim_depot(e, released)
+        released + e.depot.trim()
     } else {
         released + e.depot.trim_cold()
     }
@@ -515,24 +518,24 @@ pub(crate) fn trim_idle(e: &Engine) -> usize {
 
 /// The allocator of `e` is being dropped: this thread's cache is retired now; the depot
 /// and other threads' stashes are released, and other threads are asked to retire
-/// their caches (see [`admin::shutdown`]).
+/// their caches (see [`Engine::shutdown`]).
 ///
 /// # Safety
-/// As for [`admin::shutdown`].
+/// As for [`Engine::shutdown`].
 pub(crate) unsafe fn shutdown(e: &Engine) {
     table::uninstall(e);
     // SAFETY: forwarded.
-    unsafe { admin::shutdown(e) }
+    unsafe { e.shutdown() }
 }
 
-/// A snapshot of `e`'s counters (see [`admin::stats`]).
+/// A snapshot of `e`'s counters (see [`Engine::stats`]).
 pub(crate) fn stats(e: &Engine) -> Stats {
-    admin::stats(e)
+    e.stats()
 }
 
 impl Registered for Engine {
     fn stats(&self) -> Option<Stats> {
-        self.is_alive().then(|| admin::stats(self))
+        self.is_alive().then(|| Engine::stats(self))
     }
 
     /// `trim_all`: [`trim`], in bytes.

@@ -47,7 +47,7 @@ impl Pinned {
         matches!(self.0, Held::Direct)
     }
 
-    /// An object of `e` (the engine this was pinned for); see [`alloc`]. Not for direct
+    /// An object of `e` (the engine this was pinned for); see [`alloc`](super::alloc). Not for direct
     /// engines.
     #[inline(always)]
     pub(crate) fn alloc(&self, e: &Engine) -> Option<NonNull<u8>> {
@@ -63,7 +63,7 @@ impl Pinned {
     /// Gives `p` back to `e` (the engine this was pinned for). Not for direct engines.
     ///
     /// # Safety
-    /// As for [`free`].
+    /// As for [`free`](super::free).
     #[inline(always)]
     pub(crate) unsafe fn free(&self, e: &Engine, p: NonNull<u8>) {
         match &self.0 {

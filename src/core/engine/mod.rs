@@ -14,57 +14,23 @@
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
+use super::admin::Admin;
 use super::backing::{Backing, ObjectHooks};
 use super::budget::{self, ByteBudget};
 use super::depot::{Depot, DepotBudget, Eviction, Put};
 use super::exchange::{self, Evictions};
-use super::idle::{IdleWatch, Seen};
 use super::ids;
 
 mod supply;
 
 use super::magazine::{self, Magazine, NIL};
 use super::percpu::PerCpu;
-use super::thread_cache::{Counters, Owner, OwnerPart, ThreadCache};
+use super::thread_cache::{Counters, Counts, Owner, OwnerPart, ThreadCache};
 use crate::config::{bypass_from_env, CacheMode, Config};
-use crate::sync::{self, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
+use crate::rows::Stats;
+use crate::sync::Arc;
 pub(crate) use supply::SharedDepot;
 use supply::{ThreadPair, ThreadSupply};
-
-/// Thread caches of one engine.
-#[derive(Debug)]
-pub(super) struct CacheList {
-    pub(super) caches: Vec<Listed>,
-    /// The whole engine's `trim_idle` interval.
-    pub(super) idle_watch: IdleWatch,
-}
-
-/// A registered thread cache, and what `trim_idle` saw of it.
-#[derive(Debug)]
-pub(super) struct Listed {
-    pub(super) cache: *const ThreadCache,
-    /// Its operations at the previous `trim_idle` that counted (`None` before one).
-    pub(super) trim_seen: Option<Seen>,
-    /// Whether `trim_idle` found it idle then too, and asked it to flush already (so
-    /// that a cache idle for good is not asked again at every call, each of which would
-    /// make every thread sweep its table).
-    pub(super) asked: bool,
-}
-
-impl Listed {
-    pub(super) fn new(cache: *const ThreadCache) -> Self {
-        Listed {
-            cache,
-            trim_seen: None,
-            asked: false,
-        }
-    }
-}
-
-// SAFETY: the pointers are caches owned by their threads' tables, read (counters only)
-// under the cache-list mutex; a cache leaves the list under the mutex before its memory is
-// reused or freed.
-unsafe impl Send for CacheList {}
 
 /// The untyped engine of one allocator.
 #[derive(Debug)]
@@ -79,12 +45,9 @@ pub(crate) struct Engine {
     /// The per-CPU caches, for `CacheMode::PerCpu` where rseq works (`mode` is then
     /// `PerCpu`; threads that cannot use rseq still use per-thread caches).
     pub(super) percpu: Option<PerCpu>,
-    /// False once the allocator is dropped. Written under the cache-list lock; read there
-    /// or, as a hint, anywhere (a stale `true` only sends a magazine to the depot, which
-    /// releases it when the engine drops).
-    pub(super) alive: AtomicBool,
-    /// The thread caches registered with this engine, under the cache-list lock.
-    pub(super) cache_list: Mutex<CacheList>,
+    /// The administrative side: the registered thread caches and what other threads do
+    /// through them.
+    pub(super) admin: Admin,
     /// Counters of retired caches, and of operations that went straight to the backing
     /// allocator (counted here so a slow path never touches its cache after user code).
     pub(super) retired: Counters,
@@ -93,13 +56,6 @@ pub(crate) struct Engine {
     pub(super) magazine_bytes: usize,
     /// Most bytes one thread's stash may be granted.
     pub(super) max_grant: usize,
-    /// Permits to have objects live not held by any thread (`Config::max_live`; unused
-    /// when uncapped).
-    pub(super) available: AtomicUsize,
-    /// Permits a thread draws at once, and gives back past twice as many.
-    pub(super) credit_batch: u32,
-    /// Whether `Config::max_live` caps the allocator.
-    pub(super) capped: bool,
 }
 
 impl Engine {
@@ -151,21 +107,16 @@ impl Engine {
             thread_mode,
             depot,
             percpu,
-            alive: AtomicBool::new(true),
-            cache_list: Mutex::new(CacheList {
-                caches: Vec::new(),
-                idle_watch: IdleWatch::default(),
-            }),
+            admin: Admin::new(
+                config.max_live,
+                (config.max_live / 16).clamp(1, capacity.min(u32::MAX as usize / 4)) as u32,
+            ),
             retired: Counters::new(),
             magazine_bytes: capacity * magazine::cached_bytes(layout.size()),
             max_grant: match mode {
                 CacheMode::ThreadCaches | CacheMode::PerCpu => config.thread_cache_growth_bytes,
                 CacheMode::DepotOnly | CacheMode::Bypass => 0,
             },
-            available: AtomicUsize::new(config.max_live),
-            capped,
-            credit_batch: (config.max_live / 16).clamp(1, capacity.min(u32::MAX as usize / 4))
-                as u32,
         }
     }
 
@@ -188,7 +139,7 @@ impl Engine {
 
     /// Whether `Config::max_live` caps the allocator.
     pub(crate) fn capped(&self) -> bool {
-        self.capped
+        self.admin.capped()
     }
 
     /// The per-CPU caches, if the allocator has them.
@@ -209,19 +160,20 @@ impl Engine {
         let Some(pc) = &self.percpu else {
             return 0;
         };
-        let evictions = {
-            let _list = sync::lock(&self.cache_list);
-            if !self.is_alive() {
-                return 0;
-            }
-            pc.reclaim(&self.shared())
-        };
-        self.release(evictions)
+        match self.admin.reclaim_cpus(pc, &self.shared()) {
+            Some(evictions) => self.release(evictions),
+            None => 0,
+        }
     }
 
     /// Whether the allocator still exists (a hint off the cache-list lock).
     pub(crate) fn is_alive(&self) -> bool {
-        self.alive.load(Ordering::Acquire)
+        self.admin.is_alive()
+    }
+
+    /// The administrative side (see [`Admin`]).
+    pub(crate) fn admin(&self) -> &Admin {
+        &self.admin
     }
 
     pub(super) fn backing(&self) -> &Backing {
@@ -359,15 +311,6 @@ impl Engine {
         }
     }
 
-    /// Gives the stash's grant back to the process-wide budget.
-    pub(super) fn return_grant(bytes: usize) {
-        // Most caches never grow: leave the shared line alone for them (and, under loom,
-        // the budget is not reachable from the thread-local destructors at a model's end).
-        if bytes > 0 {
-            budget::thread_cache_budget().release(bytes);
-        }
-    }
-
     /// Makes room in the loaded magazine: the exchange rules, with the stash and the
     /// depot as the supply. `None` when the depot cannot supply an empty magazine.
     ///
@@ -430,23 +373,18 @@ impl Engine {
         let stash = unsafe { ThreadCache::stash_take(&*c) };
         // SAFETY: as above.
         let grant = unsafe { ThreadCache::take_grant(&*c) };
-        self.for_each_in_stash(stash, |mag| evictions.push(self.put(c, mag)));
+        if stash != NIL {
+            // SAFETY: stash chains link descriptors of this engine's table.
+            let first = unsafe { self.depot.magazine(stash) };
+            self.depot
+                .for_each_in_chain(first, |mag| evictions.push(self.put(c, mag)));
+        }
         // SAFETY: kept empties are descriptors of this engine's table.
         while let Some(m) = c.take_empty(|i| unsafe { self.depot.magazine(i) }) {
             self.put_empty(c, m);
         }
-        Self::return_grant(grant);
+        budget::return_grant(grant);
         stash != NIL || grant > 0
-    }
-
-    /// Runs `f` on each magazine of a stash chain (the caller owns it), after reading its
-    /// link, so `f` may push it elsewhere.
-    pub(super) fn for_each_in_stash<'t>(&'t self, top: u32, f: impl FnMut(&'t Magazine)) {
-        if top != NIL {
-            // SAFETY: stash chains link descriptors of this engine's table.
-            let first = unsafe { self.depot.magazine(top) };
-            self.depot.for_each_in_chain(first, f);
-        }
     }
 
     /// Hands an empty magazine (owned by `c`) to the depot's empty stack.
@@ -493,69 +431,88 @@ impl Engine {
         unsafe { self.depot.evict_chain(evictions.into_first()) }
     }
 
-    /// A permit to hand out one object of a capped allocator, for this thread (`c`, its
-    /// cache, or `None` without one): from the cache's own permits, else a batch drawn
-    /// from the shared count, else, once, every permit other threads hold (so a refusal
-    /// means that `max_live` objects really are live). False: refused.
+    /// Thread exit, `release_thread_cache`, or a sweep that found the allocator gone:
+    /// hands this thread's `c` magazines over and takes it out of the cache list (its
+    /// counters go to the engine's, its permits back). No user code runs.
     ///
-    /// A draw moves permits from the shared count into a cache in two steps; it holds
-    /// the cache-list lock, as does a refused thread's count of every cache's permits,
-    /// so no permit is ever between the two where that count would miss it (a refusal
-    /// with permits in flight, under `max_live`). The lock is taken once per batch.
-    pub(crate) fn take_credit(&self, c: Option<Owner<'_>>) -> bool {
-        if c.is_some_and(Owner::take_credit) {
-            return true;
-        }
-        let list = sync::lock(&self.cache_list);
-        if self.draw_credits(c) {
-            return true;
-        }
-        for other in list.caches.iter().map(|l| l.cache) {
-            // SAFETY: registered caches stay allocated while the lock is held.
-            let n = unsafe { ThreadCache::seize_credits(other) };
-            self.available.fetch_add(n as usize, Ordering::Relaxed);
-        }
-        // This thread's own permits were taken too: it draws again like anyone.
-        self.draw_credits(c)
+    /// # Safety
+    /// `c` was registered with this engine by the calling thread, which will not use it
+    /// again for this engine, with no reference from its owner part live.
+    pub(crate) unsafe fn retire_cache(&self, c: Owner<'_>) -> Evictions {
+        // SAFETY: forwarded.
+        let evictions = unsafe { self.flush(c) };
+        self.admin.forget(c, &self.retired);
+        evictions
     }
 
-    /// Draws one permit for this thread from the shared count, and a batch's spares
-    /// into its cache `c`. False when the count is empty. Called under the cache-list
-    /// lock (see [`take_credit`](Self::take_credit)).
-    fn draw_credits(&self, c: Option<Owner<'_>>) -> bool {
-        let batch = c.map_or(1, |_| self.credit_batch as usize);
-        let drawn = self
-            .available
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| {
-                a.checked_sub(a.min(batch)).filter(|_| a > 0)
-            });
-        let Ok(before) = drawn else {
-            return false;
+    /// The idle collector found `c` (this thread's cache) unused for a whole period: the
+    /// stash and its grant go back, or if there were none, one magazine (the previous
+    /// one first).
+    ///
+    /// # Safety
+    /// As for [`refill_and_pop`](Self::refill_and_pop).
+    pub(crate) unsafe fn release_idle_magazine(&self, c: Owner<'_>) -> Evictions {
+        let mut evictions = Evictions::default();
+        // The stash and its grant go first, all at once: a thread idle for a period has
+        // no use for what it grew to.
+        if !self.give_back_stash(c, &mut evictions) {
+            // SAFETY: forwarded; nothing below runs user code.
+            let o = unsafe { c.owned() };
+            if let Some(mag) = o.take_previous().or_else(|| o.unload()) {
+                // SAFETY: a descriptor of this engine's table.
+                evictions.push(self.put(c, unsafe { self.mag(mag) }));
+            }
+        }
+        evictions
+    }
+
+    /// The allocator is being dropped (the caller has retired this thread's cache): the
+    /// administrative side takes what other threads and CPUs hold, the depot is released
+    /// now, and every other thread releases its cache at its next slow path or exit (the
+    /// engine stays alive, held by those threads' tables, until they have).
+    ///
+    /// # Safety
+    /// No thread can allocate or free through the allocator any more (its owner is being
+    /// dropped).
+    pub(crate) unsafe fn shutdown(&self) {
+        let shared = self.shared();
+        // SAFETY: forwarded.
+        let released = unsafe {
+            self.admin
+                .shutdown(&self.depot, self.percpu.as_ref().map(|pc| (pc, &shared)))
         };
-        if let Some(c) = c {
-            c.add_credits(before.min(batch) as u32 - 1);
-        }
-        true
+        let released = released + self.depot.trim();
+        super::backing::release_to_os(released * self.backing().object_size());
+        ids::release(self.index);
     }
 
-    /// Gives back the permit of an object being freed (to `c`, this thread's cache, or
-    /// to the shared count); a cache holding more than two batches returns one, under
-    /// the cache-list lock for the reason [`take_credit`](Self::take_credit) gives.
-    pub(crate) fn return_credit(&self, c: Option<Owner<'_>>) {
-        let batch = self.credit_batch;
-        match c {
-            Some(c) => {
-                if c.add_credits(1) > 2 * batch {
-                    let _list = sync::lock(&self.cache_list);
-                    if c.give_back_credits(batch) {
-                        self.available.fetch_add(batch as usize, Ordering::Relaxed);
-                    }
-                }
-            }
-            None => {
-                self.available.fetch_add(1, Ordering::Relaxed);
-            }
+    /// A snapshot of the counters.
+    pub(crate) fn stats(&self) -> Stats {
+        let mut n = Counts::default();
+        self.retired.read_into(&mut n);
+        let threads = self.admin.read_counts(&mut n);
+        if let Some(pc) = &self.percpu {
+            pc.read_counts(&mut n);
         }
+        let backing_allocs = self.backing().allocs();
+        let backing_frees = self.backing().frees();
+        let live = n.allocs.saturating_sub(n.frees);
+        let cached_in_depot = self.depot.cached_objects() as u64;
+        let reserved = backing_allocs.saturating_sub(backing_frees);
+        Stats {
+            name: self.name,
+            id: self.instance,
+            object_size: self.backing().object_size(),
+            live,
+            cached_in_threads: reserved.saturating_sub(live + cached_in_depot),
+            cached_in_depot,
+            backing_allocs,
+            backing_frees,
+            threads,
+            mode: self.mode(),
+            ..Stats::default()
+        }
+        .with_counts(&n)
     }
 
     /// Takes back an object whose value is already gone (a recycling allocator's object
@@ -568,9 +525,9 @@ impl Engine {
         // SAFETY: forwarded from the caller.
         unsafe { self.backing().dealloc_dead(p) };
         self.retired.frees.add_shared(1);
-        if self.capped {
+        if self.capped() {
             // The object was live: its permit goes back, as a recycled one's does.
-            self.return_credit(None);
+            self.admin.return_credit(None);
         }
     }
 }

@@ -5,7 +5,6 @@
 use std::cell::{Cell, UnsafeCell};
 use std::ptr;
 
-use super::admin;
 use super::engine::Engine;
 use super::exchange::Evictions;
 use super::idle::Seen;
@@ -126,7 +125,7 @@ fn try_box<T>(value: T) -> Option<*mut T> {
 /// The table owns its caches: it retires them at thread exit, on
 /// `release_thread_cache`, when their allocator is gone, and when an index passes to a new
 /// allocator. A stale entry is still a valid cache whose instance number matches nobody,
-/// and [`lookup`] may read it.
+/// and [`lookup()`] may read it.
 ///
 /// Off loom the table itself needs no destructor, so std gives the thread-local a
 /// `const` initialiser and no lazy-initialisation or liveness check: the fast paths
@@ -197,7 +196,7 @@ impl Rest {
         let c = unsafe { Owner::new(key, self.cache(fast, index)) };
         debug_assert!(!c.pinned(), "retiring a pinned cache");
         // SAFETY: this thread's cache, which it will not use again for `engine`.
-        let evictions = unsafe { admin::retire_cache(&engine, c) };
+        let evictions = unsafe { engine.retire_cache(c) };
         // SAFETY: no other borrow of the owner part is live.
         unsafe { c.owned().instance = EMPTY };
         garbage.push(engine, evictions);
@@ -338,7 +337,7 @@ impl Table {
                 // The old cache is retired: no magazines, and no other thread can reach
                 // it (it left its engine's cache list).
                 (*c).reset(engine.instance(), &key);
-                if !admin::adopt(engine, c) {
+                if !engine.admin().adopt(c) {
                     // Out of memory for the cache list: as never registered.
                     // SAFETY: `c` is this table's live cache, just reset for this
                     // thread (the witness's requirement); no other borrow of its owner
@@ -387,7 +386,7 @@ impl Table {
                     } else if idle_pass {
                         let now = Seen::at(c.counters.ops());
                         if c.collector_seen.replace(now) == now {
-                            let evictions = admin::release_idle_magazine(engine, c);
+                            let evictions = engine.release_idle_magazine(c);
                             garbage.push(engine.clone(), evictions);
                         }
                     }

@@ -91,7 +91,7 @@ fn a_permit_cached_by_one_thread_serves_another() {
         assert!(s.is_consistent(), "{s}");
         // Every permit is back in the shared count, none lost and none made twice.
         a.release_thread_cache();
-        let permits = a.engine_arc().available.load(Ordering::Relaxed);
+        let permits = a.engine_arc().admin().available_permits();
         assert_eq!(permits, 1, "permits made or lost");
         finish(a);
     });
@@ -128,7 +128,7 @@ fn never_more_than_max_live() {
         );
         wait_for_exits(&a);
         a.release_thread_cache();
-        let permits = a.engine_arc().available.load(Ordering::Relaxed);
+        let permits = a.engine_arc().admin().available_permits();
         assert_eq!(permits, 1, "permits made or lost");
         finish(a);
     });

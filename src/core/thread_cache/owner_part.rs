@@ -5,11 +5,11 @@ use std::ptr::{self, NonNull};
 
 use crate::core::magazine::Magazine;
 
-/// The owner-only part of a [`ThreadCache`].
+/// The owner-only part of a [`ThreadCache`](super::ThreadCache).
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct OwnerPart {
-    /// Instance number of the engine this cache belongs to ([`EMPTY`](super::ids::EMPTY) when unused).
+    /// Instance number of the engine this cache belongs to ([`EMPTY`](crate::core::ids::EMPTY) when unused).
     pub(crate) instance: u64,
     /// Slot array of the loaded magazine (dangling when `cap == 0`).
     pub(super) slots: *mut *mut u8,
