@@ -268,10 +268,13 @@ impl Admin {
         release(depot, from_cpus) + release(depot, stashes)
     }
 
-    /// Adds the registered caches' counters to `n` (read under the lock, racily, like
-    /// every counter); returns how many caches are registered.
-    pub(crate) fn read_counts(&self, n: &mut Counts) -> usize {
+    /// Adds the registered caches' counters and `retired` (the retired caches' and the
+    /// engine's own) to `n`, under the lock, so that a cache retiring meanwhile is
+    /// counted once, in one or the other (each counter is still read racily); returns
+    /// how many caches are registered.
+    pub(crate) fn read_counts(&self, retired: &Counters, n: &mut Counts) -> usize {
         let list = sync::lock(&self.list);
+        retired.read_into(n);
         for c in list.caches.iter().map(|l| l.cache) {
             // SAFETY: registered caches stay allocated while the lock is held; only
             // their atomic counters are read, through a reference to that field alone

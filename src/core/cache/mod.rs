@@ -487,17 +487,16 @@ pub(crate) fn trim(e: &Engine) -> usize {
 /// the allocator made no operation at all). The first call only starts the interval.
 /// Returns the number of objects released (0 for a dead allocator).
 pub(crate) fn trim_idle(e: &Engine) -> usize {
-    let (mut released, engine_idle) =
-        match e
-            .admin()
-            .trim_idle_stashes(&e.depot, &e.retired, e.percpu())
-        {
-            None | Some(IdleInterval::TooShort) => return 0,
-            Some(IdleInterval::Ended {
-                released,
-                engine_idle,
-            }) => (released, engine_idle),
-        };
+    let interval = e
+        .admin()
+        .trim_idle_stashes(&e.depot, &e.retired, e.percpu());
+    let (mut released, engine_idle) = match interval {
+        None | Some(IdleInterval::TooShort) => return 0,
+        Some(IdleInterval::Ended {
+            released,
+            engine_idle,
+        }) => (released, engine_idle),
+    };
     if engine_idle {
         released += e.reclaim_cpus();
     }

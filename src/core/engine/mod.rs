@@ -489,8 +489,7 @@ impl Engine {
     /// A snapshot of the counters.
     pub(crate) fn stats(&self) -> Stats {
         let mut n = Counts::default();
-        self.retired.read_into(&mut n);
-        let threads = self.admin.read_counts(&mut n);
+        let threads = self.admin.read_counts(&self.retired, &mut n);
         if let Some(pc) = &self.percpu {
             pc.read_counts(&mut n);
         }
