@@ -40,7 +40,7 @@
 //! the count. Pops minus pushes is what left the loaded magazine: the holder of a
 //! detached cache adds `installed length - length at detach` to the cache's `net`, and
 //! its own pop or push too. So `allocs = (ops + net) / 2` and `frees = (ops - net) / 2`,
-//! exact whenever no slow path is half done (`admin::stats` reads them racily, like
+//! exact whenever no slow path is half done (`Engine::stats` reads them racily, like
 //! every counter). The spare magazine's operations are counted on the engine.
 
 use std::ptr::{self, NonNull};
