@@ -1,6 +1,8 @@
 //! Models of administrators meeting owners: `trim_all` racing an allocator's drop,
-//! `stats` racing a thread that exits, and shutdown racing a thread's exit flush.
+//! `stats` racing a thread that exits or retires its cache, and shutdown racing a
+//! thread's exit flush.
 
+use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -43,6 +45,39 @@ fn stats_race_a_thread_that_exits() {
         let s = a.stats();
         assert_eq!((s.allocs, s.frees, s.live), (2, 2, 0), "{s}");
         assert!(s.is_consistent(), "{s}");
+        drop(admin);
+        finish(a);
+    });
+}
+
+/// `stats` reads while a thread retires its cache (`release_thread_cache`: its counters
+/// leave the list for the engine's): the cache is counted once, in one or the other, so
+/// no read misses what an earlier one saw.
+#[test]
+fn stats_count_a_retiring_cache_once() {
+    loom::model(|| {
+        let a = Arc::new(allocator(1, 8));
+        let churned = Arc::new(AtomicBool::new(false));
+        let worker = {
+            let (a, churned) = (Arc::clone(&a), Arc::clone(&churned));
+            thread::spawn(move || {
+                churn(&a, 1);
+                churned.store(true, Ordering::Release);
+                a.release_thread_cache();
+            })
+        };
+        let admin = Admin::of(&a);
+        // The first read after the worker's operations, so that it sees them.
+        while !churned.load(Ordering::Acquire) {
+            thread::yield_now();
+        }
+        let first = admin.stats().unwrap();
+        let second = admin.stats().unwrap();
+        assert!(second.allocs >= first.allocs, "{first} then {second}");
+        assert!(second.frees >= first.frees, "{first} then {second}");
+        worker.join().unwrap();
+        let s = a.stats();
+        assert_eq!((s.allocs, s.frees, s.live), (1, 1, 0), "{s}");
         drop(admin);
         finish(a);
     });
