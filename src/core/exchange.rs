@@ -2,7 +2,7 @@
 //! previous magazine: a thread cache ([`ThreadCache`](super::thread_cache::ThreadCache))
 //! and a CPU's cache ([`percpu`](super::percpu)).
 //!
-//! Bonwick's rules: when the loaded magazine is empty (an allocation) or full (a free),
+//! Bonwick's rules, on a [`MagazinePair`]: when the loaded magazine is empty (an allocation) or full (a free),
 //! swap it with the previous one if that helps; otherwise trade with the supply, a full
 //! magazine for the empty previous one, or an empty magazine for the full previous one,
 //! and the loaded magazine becomes the previous. Two consecutive exchanges are then at
@@ -20,20 +20,18 @@ use super::depot::Eviction;
 use super::magazine::{Magazine, NIL};
 use crate::sync::Ordering;
 
-/// A loaded and a previous magazine as one owner holds them (owned by the caller for
-/// as long as it holds the pair).
-pub(crate) trait MagazinePair<'m> {
+/// A loaded and a previous magazine and their capacity: the one type both kinds of owner
+/// keep their magazines in while the rules run. A CPU's cache is unpacked into one when a
+/// thread holds it ([`percpu`](super::percpu)); a thread cache packs its loaded magazine
+/// back into one for its slow path (its fast paths keep it unpacked:
+/// [`OwnerPart`](super::thread_cache::OwnerPart)). The magazines are the caller's for as
+/// long as it holds the pair.
+#[derive(Debug)]
+pub(crate) struct MagazinePair<'m> {
+    pub(crate) loaded: Option<&'m Magazine>,
+    pub(crate) previous: Option<&'m Magazine>,
     /// Capacity of each magazine.
-    fn capacity(&self) -> usize;
-    /// Objects in the previous magazine, if there is one.
-    fn previous_len(&self) -> Option<usize>;
-    /// Swaps the loaded and the previous magazine (either may be absent).
-    fn swap(&mut self);
-    /// Removes the previous magazine; the caller owns it.
-    fn take_previous(&mut self) -> Option<&'m Magazine>;
-    /// The loaded magazine (if any) becomes the previous one, of which there is none,
-    /// and `mag` (owned by the caller, with slot storage) is loaded.
-    fn rotate(&mut self, mag: &'m Magazine);
+    pub(crate) capacity: usize,
 }
 
 /// Where one owner's magazines come from and go.
@@ -59,47 +57,76 @@ pub(crate) trait SharedSupply<'m>: Supply<'m> {
     fn count(&self, allocs: u64, frees: u64);
 }
 
-/// Makes the loaded magazine non-empty, for an allocation that found it empty: swap
-/// with a non-empty previous, or trade the empty previous for a full one. False when
-/// the supply has no full magazine.
-#[inline]
-pub(crate) fn refill<'m>(pair: &mut impl MagazinePair<'m>, supply: &impl Supply<'m>) -> bool {
-    if pair.previous_len().is_some_and(|n| n > 0) {
-        pair.swap();
-        return true;
+impl<'m> MagazinePair<'m> {
+    /// Makes the loaded magazine non-empty, for an allocation that found it empty: swap
+    /// with a non-empty previous, or trade the empty previous for a full one. False when
+    /// the supply has no full magazine.
+    #[inline]
+    pub(crate) fn refill(&mut self, supply: &impl Supply<'m>) -> bool {
+        if self.previous_len().is_some_and(|n| n > 0) {
+            self.swap();
+            return true;
+        }
+        let Some(full) = supply.full() else {
+            return false;
+        };
+        // The previous magazine is empty (else it would have been swapped in).
+        if let Some(previous) = self.previous.take() {
+            supply.give_empty(previous);
+        }
+        self.rotate(full);
+        true
     }
-    let Some(full) = supply.full() else {
-        return false;
-    };
-    // The previous magazine is empty (else it would have been swapped in).
-    if let Some(previous) = pair.take_previous() {
-        supply.give_empty(previous);
-    }
-    pair.rotate(full);
-    true
-}
 
-/// Makes room in the loaded magazine, for a free that found it full: swap with a
-/// non-full previous, or trade the full previous for an empty one. `None` when the
-/// supply has no empty magazine; otherwise what the depot's budget refused.
-#[inline]
-pub(crate) fn make_room<'m>(
-    pair: &mut impl MagazinePair<'m>,
-    supply: &impl Supply<'m>,
-) -> Option<Evictions> {
-    let capacity = pair.capacity();
-    if pair.previous_len().is_some_and(|n| n < capacity) {
-        pair.swap();
-        return Some(Evictions::default());
+    /// Makes room in the loaded magazine, for a free that found it full: swap with a
+    /// non-full previous, or trade the full previous for an empty one. `None` when the
+    /// supply has no empty magazine; otherwise what the depot's budget refused.
+    #[inline]
+    pub(crate) fn make_room(&mut self, supply: &impl Supply<'m>) -> Option<Evictions> {
+        if self.previous_len().is_some_and(|n| n < self.capacity) {
+            self.swap();
+            return Some(Evictions::default());
+        }
+        let empty = supply.empty()?;
+        let mut evictions = Evictions::default();
+        // The previous magazine is full (else it would have been swapped in).
+        if let Some(previous) = self.previous.take() {
+            evictions.push(supply.give_full(previous));
+        }
+        self.rotate(empty);
+        Some(evictions)
     }
-    let empty = supply.empty()?;
-    let mut evictions = Evictions::default();
-    // The previous magazine is full (else it would have been swapped in).
-    if let Some(previous) = pair.take_previous() {
-        evictions.push(supply.give_full(previous));
+
+    /// Objects in the loaded magazine (0 when none is loaded).
+    pub(crate) fn loaded_len(&self) -> usize {
+        // SAFETY: the holder's magazine.
+        self.loaded.map_or(0, |m| unsafe { m.len() })
     }
-    pair.rotate(empty);
-    Some(evictions)
+
+    /// Objects in the previous magazine, if there is one.
+    fn previous_len(&self) -> Option<usize> {
+        // SAFETY: the holder's magazine.
+        self.previous.map(|m| unsafe { m.len() })
+    }
+
+    /// Swaps the loaded and the previous magazine (either may be absent).
+    pub(crate) fn swap(&mut self) {
+        std::mem::swap(&mut self.loaded, &mut self.previous);
+    }
+
+    /// The loaded magazine (if any) becomes the previous one, of which there is none,
+    /// and `mag` (with slot storage) is loaded.
+    fn rotate(&mut self, mag: &'m Magazine) {
+        debug_assert!(self.previous.is_none(), "a previous magazine would be lost");
+        self.previous = self.loaded.replace(mag);
+    }
+
+    /// Takes both magazines out (loaded first), leaving the pair empty.
+    pub(crate) fn take_both(&mut self) -> impl Iterator<Item = &'m Magazine> {
+        [self.loaded.take(), self.previous.take()]
+            .into_iter()
+            .flatten()
+    }
 }
 
 /// Evicted magazines, released together once nothing is borrowed: a chain of the

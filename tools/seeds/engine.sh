@@ -16,20 +16,23 @@ rules=src/core/exchange.rs
 names=() files=() olds=() news=()
 seed() { names+=("$1"); files+=("$2"); olds+=("$3"); news+=("$4"); }
 # The rules: a refill that swaps in an empty previous magazine.
-seed swap-with-empty-previous $rules "if pair.previous_len().is_some_and(|n| n > 0) {" \
-    "if pair.previous_len().is_some() {"
+seed swap-with-empty-previous $rules "if self.previous_len().is_some_and(|n| n > 0) {" \
+    "if self.previous_len().is_some() {"
 # The rules: a make-room that swaps in a full previous magazine.
-seed swap-with-full-previous $rules "    if pair.previous_len().is_some_and(|n| n < capacity) {" \
-    "    if pair.previous_len().is_some_and(|n| n <= capacity) {"
+seed swap-with-full-previous $rules "if self.previous_len().is_some_and(|n| n < self.capacity) {" \
+    "if self.previous_len().is_some_and(|n| n <= self.capacity) {"
 # The rules: what the depot's budget refused is never released.
-seed evictions-dropped $rules "        evictions.push(supply.give_full(previous));" \
-    "        let _ = supply.give_full(previous);"
+seed evictions-dropped $rules "evictions.push(supply.give_full(previous));" \
+    "let _ = supply.give_full(previous);"
 # A thread cache's supply: a spill the stash could not take is not noted (no growth).
 seed spill-not-noted src/core/engine/supply.rs "        c.note_spill();
 " ""
-# A CPU's pair: a rotation that drops the loaded magazine instead of keeping it.
-seed cpu-rotate-loses-loaded src/core/percpu/mod.rs \
+# The pair: a rotation that drops the loaded magazine instead of keeping it.
+seed rotate-loses-loaded $rules \
     "        self.previous = self.loaded.replace(mag);" "        self.loaded = Some(mag);"
+# A thread cache's pair: packing loses the previous magazine.
+seed pack-loses-previous src/core/thread_cache/owner_part.rs \
+    "            previous: own(self.take_previous())," "            previous: None,"
 # The counter list: the dump's columns forget the counters (header and values disagree).
 seed dump-columns-forgotten src/stats/table.rs \
     "                \$(\$(#[\$attr])* v.push(&mut self.\$name);)*" ""

@@ -18,19 +18,19 @@ use super::admin::Admin;
 use super::backing::{Backing, ObjectHooks};
 use super::budget::{self, ByteBudget};
 use super::depot::{Depot, DepotBudget, Eviction, Put};
-use super::exchange::{self, Evictions};
+use super::exchange::Evictions;
 use super::ids;
 
 mod supply;
 
 use super::magazine::{self, Magazine, NIL};
 use super::percpu::PerCpu;
-use super::thread_cache::{Counters, Counts, Owner, OwnerPart, ThreadCache};
+use super::thread_cache::{Counters, Counts, Owner, ThreadCache};
 use crate::config::{bypass_from_env, CacheMode, Config};
 use crate::rows::Stats;
 use crate::sync::Arc;
 pub(crate) use supply::SharedDepot;
-use supply::{ThreadPair, ThreadSupply};
+use supply::ThreadSupply;
 
 /// The untyped engine of one allocator.
 #[derive(Debug)]
@@ -275,15 +275,11 @@ impl Engine {
         // code.
         let o = unsafe { c.owned() };
         debug_assert_eq!(o.loaded_len(), 0);
-        exchange::refill(&mut self.pair(o), &ThreadSupply { engine: self, c })
-    }
-
-    /// A thread cache's magazines, for the exchange rules.
-    fn pair<'e>(&'e self, owned: &'e mut OwnerPart) -> ThreadPair<'e> {
-        ThreadPair {
-            owned,
-            capacity: self.capacity(),
-        }
+        // SAFETY: the cache's magazines are descriptors of this engine's table.
+        let mut pair = unsafe { o.take_pair(self.capacity()) };
+        let refilled = pair.refill(&ThreadSupply { engine: self, c });
+        o.put_pair(pair);
+        refilled
     }
 
     /// Magazines the stash of `c` may hold under its grant.
@@ -322,7 +318,11 @@ impl Engine {
         // code.
         let o = unsafe { c.owned() };
         debug_assert_eq!(o.loaded_len(), o.loaded_cap());
-        exchange::make_room(&mut self.pair(o), &ThreadSupply { engine: self, c })
+        // SAFETY: the cache's magazines are descriptors of this engine's table.
+        let mut pair = unsafe { o.take_pair(self.capacity()) };
+        let evictions = pair.make_room(&ThreadSupply { engine: self, c });
+        o.put_pair(pair);
+        evictions
     }
 
     /// Depot-only allocation: one object from a full (one-object) magazine.

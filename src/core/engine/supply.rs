@@ -1,44 +1,12 @@
-//! The exchange rules' view of an engine's owners: a thread cache's pair and supply
+//! The exchange rules' supplies for an engine's owners: a thread cache's
 //! (its stash and kept empties, then the depot), and the depot as the supply of owners
 //! no thread owns (CPUs' caches, the spare magazine).
 
 use super::Engine;
 use crate::core::depot::Eviction;
-use crate::core::exchange::{Evictions, MagazinePair, SharedSupply, Supply};
+use crate::core::exchange::{Evictions, SharedSupply, Supply};
 use crate::core::magazine::Magazine;
-use crate::core::thread_cache::{Owner, OwnerPart};
-
-/// A thread cache's loaded and previous magazines, as the exchange rules see them.
-pub(super) struct ThreadPair<'e> {
-    pub(super) owned: &'e mut OwnerPart,
-    pub(super) capacity: usize,
-}
-
-impl<'e> MagazinePair<'e> for ThreadPair<'e> {
-    fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    fn previous_len(&self) -> Option<usize> {
-        // SAFETY: the cache owns its previous magazine.
-        self.owned.previous().map(|p| unsafe { p.len() })
-    }
-
-    fn swap(&mut self) {
-        self.owned.swap(self.capacity);
-    }
-
-    fn take_previous(&mut self) -> Option<&'e Magazine> {
-        // SAFETY: a descriptor of the engine's table, which outlives `'e`.
-        self.owned.take_previous().map(|m| unsafe { &*m.as_ptr() })
-    }
-
-    fn rotate(&mut self, mag: &'e Magazine) {
-        let loaded = self.owned.unload();
-        self.owned.set_previous(loaded);
-        self.owned.load(mag, self.capacity);
-    }
-}
+use crate::core::thread_cache::Owner;
 
 /// A thread cache's supply: its stash and kept empties first, then the depot (a refill
 /// from the depot grows the stash; a full magazine the stash's grant cannot take is a

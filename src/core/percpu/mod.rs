@@ -49,7 +49,7 @@ use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::exchange::{self, Evictions, MagazinePair, SharedSupply};
+use super::exchange::{Evictions, MagazinePair, SharedSupply};
 use super::magazine::Magazine;
 use super::rseq;
 use super::thread_cache::Counts;
@@ -162,10 +162,8 @@ struct Held<'p> {
     /// Operations done by the holder, and their pops minus pushes.
     ops: u64,
     net: i64,
-    loaded: Option<&'p Magazine>,
-    previous: Option<&'p Magazine>,
-    /// The magazines' capacity.
-    cap: usize,
+    /// The cache's magazines, the loaded one's length written back into it.
+    pair: MagazinePair<'p>,
 }
 
 impl<'p> Held<'p> {
@@ -205,20 +203,17 @@ impl<'p> Held<'p> {
             taken,
             ops: 0,
             net,
-            loaded,
-            previous,
-            cap,
+            pair: MagazinePair {
+                loaded,
+                previous,
+                capacity: cap,
+            },
         }
-    }
-
-    fn loaded_len(&self) -> usize {
-        // SAFETY: owned by this holder.
-        self.loaded.map_or(0, |m| unsafe { m.len() })
     }
 
     /// Pops the loaded magazine (holder's own operation, counted like a fast path's).
     fn pop(&mut self) -> Option<NonNull<u8>> {
-        let m = self.loaded?;
+        let m = self.pair.loaded?;
         // SAFETY: owned by this holder.
         let p = unsafe { m.pop_round() }?;
         self.ops += 1;
@@ -228,11 +223,11 @@ impl<'p> Held<'p> {
 
     /// Pushes onto the loaded magazine; false when full or absent.
     fn push(&mut self, p: NonNull<u8>) -> bool {
-        let Some(m) = self.loaded else {
+        let Some(m) = self.pair.loaded else {
             return false;
         };
-        // SAFETY: owned by this holder; `cap` is the magazines' capacity.
-        let pushed = unsafe { m.push_round(p, self.cap) };
+        // SAFETY: owned by this holder; the pair's capacity is the magazines'.
+        let pushed = unsafe { m.push_round(p, self.pair.capacity) };
         if pushed {
             self.ops += 1;
             self.net -= 1;
@@ -246,25 +241,28 @@ impl<'p> Held<'p> {
     fn publish(self, len: u64) {
         let c = self.cache;
         c.net.fetch_add(self.net, Ordering::Relaxed);
+        let pair = &self.pair;
         c.previous.store(
-            self.previous
+            pair.previous
                 .map_or(ptr::null_mut(), |m| ptr::from_ref(m).cast_mut()),
             Ordering::Relaxed,
         );
-        let slots = match self.loaded {
+        let slots = match pair.loaded {
             // SAFETY: owned by this holder until the store below.
             Some(m) => unsafe { m.with_rounds(|r| r.slots) },
             None => ptr::null_mut(),
         };
         c.loaded.store(
-            self.loaded
+            pair.loaded
                 .map_or(ptr::null_mut(), |m| ptr::from_ref(m).cast_mut()),
             Ordering::Relaxed,
         );
         c.slots.store(slots, Ordering::Relaxed);
-        let loaded = self.loaded.is_some();
-        c.cap
-            .store(if loaded { self.cap as u32 } else { 0 }, Ordering::Relaxed);
+        let loaded = pair.loaded.is_some();
+        c.cap.store(
+            if loaded { pair.capacity as u32 } else { 0 },
+            Ordering::Relaxed,
+        );
         c.installed
             .store(if loaded { len } else { 0 }, Ordering::Relaxed);
         let word = rseq::with_len(self.taken, len) + self.ops * rseq::ONE_OP;
@@ -273,7 +271,7 @@ impl<'p> Held<'p> {
 
     /// Gives the cache back for the fast paths: the loaded magazine's length in the word.
     fn install(self) {
-        let len = self.loaded_len() as u64;
+        let len = self.pair.loaded_len() as u64;
         self.publish(len);
     }
 
@@ -281,32 +279,8 @@ impl<'p> Held<'p> {
     /// state of its own, so that no reclaimer's `STOPPED` word can ever equal it: a detach
     /// and a retire change no count).
     fn retire(self) {
-        debug_assert!(self.loaded.is_none() && self.previous.is_none());
+        debug_assert!(self.pair.loaded.is_none() && self.pair.previous.is_none());
         self.publish(rseq::RETIRED);
-    }
-}
-
-impl<'p> MagazinePair<'p> for Held<'p> {
-    fn capacity(&self) -> usize {
-        self.cap
-    }
-
-    fn previous_len(&self) -> Option<usize> {
-        // SAFETY: owned by the holder.
-        self.previous.map(|p| unsafe { p.len() })
-    }
-
-    fn swap(&mut self) {
-        std::mem::swap(&mut self.loaded, &mut self.previous);
-    }
-
-    fn take_previous(&mut self) -> Option<&'p Magazine> {
-        self.previous.take()
-    }
-
-    fn rotate(&mut self, mag: &'p Magazine) {
-        debug_assert!(self.previous.is_none(), "a previous magazine would be lost");
-        self.previous = self.loaded.replace(mag);
     }
 }
 
@@ -346,7 +320,7 @@ impl PerCpu {
         let Some(mut h) = self.detach(area, depot.capacity()) else {
             return self.spare_alloc(depot);
         };
-        let p = if h.loaded_len() > 0 || exchange::refill(&mut h, depot) {
+        let p = if h.pair.loaded_len() > 0 || h.pair.refill(depot) {
             h.pop()
         } else {
             None
@@ -373,7 +347,7 @@ impl PerCpu {
         };
         let mut evictions = Evictions::default();
         let pushed = h.push(p)
-            || match exchange::make_room(&mut h, depot) {
+            || match h.pair.make_room(depot) {
                 Some(evicted) => {
                     evictions = evicted;
                     h.push(p)
@@ -463,7 +437,7 @@ impl PerCpu {
             return;
         };
         let mut evictions = Evictions::default();
-        for mag in [h.loaded.take(), h.previous.take()].into_iter().flatten() {
+        for mag in h.pair.take_both() {
             evictions.push(depot.give_full(mag));
         }
         h.retire();
@@ -531,7 +505,7 @@ impl PerCpu {
 
 /// Hands a held cache's magazines to the depot and leaves it empty.
 fn empty_held<'p>(mut h: Held<'p>, depot: &impl SharedSupply<'p>, evictions: &mut Evictions) {
-    for mag in [h.loaded.take(), h.previous.take()].into_iter().flatten() {
+    for mag in h.pair.take_both() {
         evictions.push(depot.give_full(mag));
     }
     h.install();

@@ -3,6 +3,7 @@
 
 use std::ptr::{self, NonNull};
 
+use crate::core::exchange::MagazinePair;
 use crate::core::magazine::Magazine;
 
 /// The owner-only part of a [`ThreadCache`](super::ThreadCache).
@@ -36,6 +37,7 @@ impl OwnerPart {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn previous(&self) -> Option<&Magazine> {
         // SAFETY: a non-null `previous` is a descriptor of the engine's table, which
         // outlives every cache of the engine.
@@ -91,13 +93,27 @@ impl OwnerPart {
         self.previous = mag.map_or(ptr::null(), |m| m.as_ptr());
     }
 
-    /// Swaps loaded and previous (either may be absent).
-    pub(crate) fn swap(&mut self, capacity: usize) {
-        let loaded = self.unload();
-        if let Some(prev) = self.take_previous() {
-            // SAFETY: the previous magazine is a live descriptor owned by this cache.
-            self.load(unsafe { prev.as_ref() }, capacity);
+    /// Packs the loaded magazine (its count written back) and the previous one into a
+    /// pair of `capacity`, for the exchange rules; the cache holds no magazine until
+    /// [`put_pair`](Self::put_pair).
+    ///
+    /// # Safety
+    /// The cache's magazines are descriptors that outlive `'m` (an engine's table).
+    pub(crate) unsafe fn take_pair<'m>(&mut self, capacity: usize) -> MagazinePair<'m> {
+        // SAFETY: per the contract; the cache owns both, and hands them over.
+        let own = |m: Option<NonNull<Magazine>>| m.map(|m| unsafe { &*m.as_ptr() });
+        MagazinePair {
+            loaded: own(self.unload()),
+            previous: own(self.take_previous()),
+            capacity,
         }
-        self.set_previous(loaded);
+    }
+
+    /// Takes the magazines of `pair` back (the loaded one unpacked for the fast paths).
+    pub(crate) fn put_pair(&mut self, pair: MagazinePair<'_>) {
+        self.set_previous(pair.previous.map(NonNull::from));
+        if let Some(loaded) = pair.loaded {
+            self.load(loaded, pair.capacity);
+        }
     }
 }
