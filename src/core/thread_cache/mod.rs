@@ -417,7 +417,7 @@ impl<'c> Owner<'c> {
     /// more magazine of `magazine_bytes`; false, with nothing changed, if it does not.
     ///
     /// The grant is checked each time the head is read, not once before: an
-    /// administrator takes the grant and then the stash (`admin::seize_stash`), and an
+    /// administrator takes the grant and then the stash (`admin`'s `seize_stash`), and an
     /// owner whose CAS fails because the stash was taken reads the head again with
     /// Acquire, which pairs with the taker's update, so it sees the grant gone too. Every
     /// take changes the head (its take count), even an empty stash's, so the CAS does
