@@ -2,10 +2,10 @@
 //! previous magazine: a thread cache ([`ThreadCache`](super::thread_cache::ThreadCache))
 //! and a CPU's cache ([`percpu`](super::percpu)).
 //!
-//! Bonwick's rules, on a [`MagazinePair`]: when the loaded magazine is empty (an allocation) or full (a free),
-//! swap it with the previous one if that helps; otherwise trade with the supply, a full
-//! magazine for the empty previous one, or an empty magazine for the full previous one,
-//! and the loaded magazine becomes the previous. Two consecutive exchanges are then at
+//! Bonwick's rules, on a [`MagazinePair`]: when the loaded magazine is empty (an
+//! allocation) or full (a free), swap it with the previous one if that helps; otherwise
+//! trade with the supply, a full magazine for the empty previous one, or an empty
+//! magazine for the full previous one, and the loaded magazine becomes the previous. Two consecutive exchanges are then at
 //! least a magazine's worth of operations apart, whatever the pattern. What differs
 //! between the owners is only where magazines come from and go ([`Supply`]): a thread
 //! cache tries its stash and its kept empties before the depot and grows its stash on
