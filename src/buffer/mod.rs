@@ -451,7 +451,7 @@ impl BufferAllocator {
         for (i, row) in classes.iter_mut().enumerate() {
             // A class never used has an all-zero row, and is not created to say so.
             *row = on_class!(self, i, c => match c.used_engine() {
-                Some(e) => crate::core::cache::stats(e),
+                Some(e) => e.stats(),
                 None => Stats {
                     name: c.name(),
                     object_size: BUFFER_CLASSES[i],

@@ -478,7 +478,7 @@ impl<T> ClassAllocator<T> {
     /// # drop(a);
     /// ```
     pub fn stats(&self) -> Stats {
-        cache::stats(self.engine())
+        self.engine().stats()
     }
 }
 

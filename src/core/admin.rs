@@ -22,7 +22,6 @@ use super::counters::Counters;
 use super::depot::Depot;
 use super::exchange::{Evictions, SharedSupply};
 use super::idle::{IdleInterval, IdleWatch, Seen};
-use super::magazine::NIL;
 use super::percpu::PerCpu;
 use super::thread_cache::{self, Counts, Owner, ThreadCache};
 use crate::sync::{self, AtomicBool, AtomicUsize, Mutex, Ordering};
@@ -158,7 +157,7 @@ impl Admin {
             }
         }
         thread_cache::announce_flush_requests();
-        Some(release(depot, stashes))
+        Some(stashes.release(depot))
     }
 
     /// The part of `trim_idle` that reaches other threads: under the lock, takes the
@@ -218,7 +217,7 @@ impl Admin {
             thread_cache::announce_flush_requests();
         }
         Some(IdleInterval::Ended {
-            released: release(depot, stashes),
+            released: stashes.release(depot),
             engine_idle,
         })
     }
@@ -265,7 +264,7 @@ impl Admin {
             }
         }
         thread_cache::announce_flush_requests();
-        release(depot, from_cpus) + release(depot, stashes)
+        from_cpus.release(depot) + stashes.release(depot)
     }
 
     /// Adds the registered caches' counters and `retired` (the retired caches' and the
@@ -364,18 +363,11 @@ unsafe fn seize_stash(depot: &Depot, c: *const ThreadCache, evictions: &mut Evic
         budget::return_grant(ThreadCache::take_grant(c));
         ThreadCache::stash_take(c)
     };
-    if top != NIL {
-        // SAFETY: stash chains link descriptors of the depot's table.
-        let first = unsafe { depot.magazine(top) };
-        depot.for_each_in_chain(first, |mag| {
+    // SAFETY: a stash chain of the depot's table, seized above.
+    unsafe {
+        depot.for_each_in_stash(top, |mag| {
             // SAFETY: the seized chain is ours, to give up.
-            evictions.push(Some(unsafe { depot.evict_all(mag) }))
-        });
-    }
-}
-
-/// Releases evicted objects to `depot`'s backing allocator (they are its evictions).
-fn release(depot: &Depot, evictions: Evictions) -> usize {
-    // SAFETY: a chain of this depot's evictions, owned here.
-    unsafe { depot.evict_chain(evictions.into_first()) }
+            evictions.push(Some(depot.evict_all(mag)))
+        })
+    };
 }

@@ -195,10 +195,17 @@ impl Depot {
         unsafe { self.table.get(index) }
     }
 
-    /// Walks a chain of this depot's magazines that the caller owns (see
-    /// [`for_each_in_chain`]).
-    pub fn for_each_in_chain<'t>(&'t self, first: &'t Magazine, f: impl FnMut(&'t Magazine)) {
-        for_each_in_chain(&self.table, first, f);
+    /// Walks a chain of this depot's magazines that the caller owns, from the index of
+    /// its top ([`NIL`]: empty), as a taken stash is (see [`for_each_in_chain`]).
+    ///
+    /// # Safety
+    /// The chain links magazines of this depot's table, and the caller owns it.
+    pub unsafe fn for_each_in_stash<'t>(&'t self, top: u32, f: impl FnMut(&'t Magazine)) {
+        if top != NIL {
+            // SAFETY: forwarded.
+            let first = unsafe { self.magazine(top) };
+            for_each_in_chain(&self.table, first, f);
+        }
     }
 
     /// Objects per full magazine.

@@ -16,7 +16,7 @@
 
 use std::ptr::NonNull;
 
-use super::depot::Eviction;
+use super::depot::{Depot, Eviction};
 use super::magazine::{Magazine, NIL};
 use crate::sync::Ordering;
 
@@ -171,8 +171,11 @@ impl Evictions {
         self.last = Some(mag);
     }
 
-    /// Index of the chain's first magazine ([`NIL`] when empty), handing the chain over.
-    pub(crate) fn into_first(self) -> u32 {
-        self.first
+    /// Releases the evicted objects to the backing allocator of `depot`, whose evictions
+    /// these are (running destructors, for a recycling allocator): call with no lock held
+    /// and no cache borrowed. Returns the number of objects released.
+    pub(crate) fn release(self, depot: &Depot) -> usize {
+        // SAFETY: a chain of `depot`'s evictions, owned here.
+        unsafe { depot.evict_chain(self.first) }
     }
 }

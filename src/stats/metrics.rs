@@ -117,20 +117,20 @@ pub(crate) fn names() -> Vec<&'static str> {
 
 /// Every per-allocator metric, in the export's order.
 fn per_allocator() -> Vec<Metric<Row>> {
-    let mut v: Vec<Metric<Row>> = GAUGES.iter().map(Metric::copy).collect();
+    let mut v = GAUGES.to_vec();
     v.extend(counter_metrics());
-    v.extend(BACKING.iter().map(Metric::copy));
+    v.extend(BACKING);
     v
 }
 
-impl<R> Metric<R> {
-    fn copy(&self) -> Metric<R> {
-        Metric {
-            value: self.value,
-            ..*self
-        }
+// Copy whatever the row type (a derive would ask `R: Copy`): the fields are all `Copy`.
+impl<R> Clone for Metric<R> {
+    fn clone(&self) -> Self {
+        *self
     }
 }
+
+impl<R> Copy for Metric<R> {}
 
 /// Over all pool block sources, without labels.
 const POOL_SOURCES: [Metric<BlockSourceStats>; 5] = [

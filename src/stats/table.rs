@@ -59,6 +59,19 @@ macro_rules! define_row {
             }
 
             /// The numeric columns, in the dump's order.
+            fn columns(&self) -> Vec<i64> {
+                let mut v = vec![
+                    self.live,
+                    self.thread_cached,
+                    self.depot_cached,
+                    self.reserved_bytes,
+                ];
+                $($(#[$attr])* v.push(self.$name);)*
+                v.push(self.backing_allocs);
+                v
+            }
+
+            /// The numeric columns, in the dump's order, to write.
             fn columns_mut(&mut self) -> Vec<&mut i64> {
                 let mut v = vec![
                     &mut self.live,
@@ -97,11 +110,6 @@ fn signed(v: u64) -> i64 {
 }
 
 impl Row {
-    /// The numeric columns, in the dump's order.
-    fn columns(&self) -> Vec<i64> {
-        self.clone().columns_mut().into_iter().map(|c| *c).collect()
-    }
-
     fn write(&self, w: &mut impl io::Write) -> io::Result<()> {
         let size = self.object_size.map(|s| s.to_string()).unwrap_or_default();
         write!(w, "{:<24} {size:>8}", self.name)?;

@@ -527,11 +527,6 @@ pub(crate) unsafe fn shutdown(e: &Engine) {
     unsafe { e.shutdown() }
 }
 
-/// A snapshot of `e`'s counters (see [`Engine::stats`]).
-pub(crate) fn stats(e: &Engine) -> Stats {
-    e.stats()
-}
-
 impl Registered for Engine {
     fn stats(&self) -> Option<Stats> {
         self.is_alive().then(|| Engine::stats(self))

@@ -51,12 +51,13 @@ impl Pinned {
     /// engines.
     #[inline(always)]
     pub(crate) fn alloc(&self, e: &Engine) -> Option<NonNull<u8>> {
+        debug_assert!(!self.direct());
         match &self.0 {
             // SAFETY: this thread's cache for `e`, pinned for the whole call; nothing
             // borrows its owner part between calls into the allocator.
             Held::Cache(c, _) => unsafe { alloc_from(e, *c) },
-            Held::Backing => e.alloc_backing(),
-            Held::Direct => unreachable!("a direct engine's pin allocates nothing"),
+            // (A direct engine's callers never come here: see `direct`.)
+            Held::Backing | Held::Direct => e.alloc_backing(),
         }
     }
 
@@ -66,12 +67,12 @@ impl Pinned {
     /// As for [`free`](super::free).
     #[inline(always)]
     pub(crate) unsafe fn free(&self, e: &Engine, p: NonNull<u8>) {
+        debug_assert!(!self.direct());
         match &self.0 {
             // SAFETY: as in `alloc`; `p` as promised.
             Held::Cache(c, _) => unsafe { free_into(e, *c, p) },
             // SAFETY: forwarded.
-            Held::Backing => unsafe { e.free_backing(p) },
-            Held::Direct => unreachable!("a direct engine's pin frees nothing"),
+            Held::Backing | Held::Direct => unsafe { e.free_backing(p) },
         }
     }
 }

@@ -373,12 +373,11 @@ impl Engine {
         let stash = unsafe { ThreadCache::stash_take(&*c) };
         // SAFETY: as above.
         let grant = unsafe { ThreadCache::take_grant(&*c) };
-        if stash != NIL {
-            // SAFETY: stash chains link descriptors of this engine's table.
-            let first = unsafe { self.depot.magazine(stash) };
+        // SAFETY: a stash chain of this engine's table, taken above.
+        unsafe {
             self.depot
-                .for_each_in_chain(first, |mag| evictions.push(self.put(c, mag)));
-        }
+                .for_each_in_stash(stash, |mag| evictions.push(self.put(c, mag)))
+        };
         // SAFETY: kept empties are descriptors of this engine's table.
         while let Some(m) = c.take_empty(|i| unsafe { self.depot.magazine(i) }) {
             self.put_empty(c, m);
@@ -427,8 +426,7 @@ impl Engine {
     /// recycling allocator). Call with no lock held and no cache borrowed. Returns the
     /// number of objects released.
     pub(crate) fn release(&self, evictions: Evictions) -> usize {
-        // SAFETY: a chain of evictions of this engine's depot, owned here.
-        unsafe { self.depot.evict_chain(evictions.into_first()) }
+        evictions.release(&self.depot)
     }
 
     /// Thread exit, `release_thread_cache`, or a sweep that found the allocator gone:
