@@ -11,13 +11,18 @@
 /// let s = PLAIN.stats();
 /// assert_eq!(PLAIN.mode(), CacheMode::Bypass);
 /// assert_eq!((s.backing_allocs, s.backing_frees, s.cached_in_threads), (1, 1, 0)); // nothing cached
-/// assert_eq!(Config::new(), Config::new().mode(CacheMode::ThreadCaches)); // the default
+/// assert_eq!(Config::new().mode(CacheMode::default()), Config::new()); // the default
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+///
+/// The default is [`PerCpu`](CacheMode::PerCpu) in a build with the `percpu` feature on
+/// Linux x86-64, and [`ThreadCaches`](CacheMode::ThreadCaches) otherwise: the build's
+/// default mode is the one whose fast path is inlined into every allocation site; the
+/// other one's runs behind a call (see the crate docs, "Choosing the cache mode").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum CacheMode {
-    /// Per-thread magazine caches in front of the shared depot (the default).
-    #[default]
+    /// Per-thread magazine caches in front of the shared depot (the default without the
+    /// `percpu` feature, or off Linux x86-64).
     ThreadCaches,
     /// Per-CPU magazine caches in front of the shared depot, on Linux x86_64 with
     /// restartable sequences (`rseq`, Linux 4.18+) and `membarrier`'s rseq fence (Linux
@@ -51,6 +56,24 @@ pub enum CacheMode {
     /// Every allocation and free goes straight to the backing (global) allocator, like
     /// Traffic Server's `-F`: use it under valgrind or sanitizers, or to compare.
     Bypass,
+}
+
+impl CacheMode {
+    /// The default mode: [`PerCpu`](CacheMode::PerCpu) where the `percpu` feature
+    /// inlines its fast path, else [`ThreadCaches`](CacheMode::ThreadCaches).
+    pub(crate) const DEFAULT: CacheMode = if crate::core::rseq::PERCPU_FIRST {
+        CacheMode::PerCpu
+    } else {
+        CacheMode::ThreadCaches
+    };
+}
+
+impl Default for CacheMode {
+    /// [`PerCpu`](CacheMode::PerCpu) in a build with the `percpu` feature on Linux
+    /// x86-64, [`ThreadCaches`](CacheMode::ThreadCaches) otherwise.
+    fn default() -> Self {
+        CacheMode::DEFAULT
+    }
 }
 
 /// Name of the environment variable that forces [`CacheMode::Bypass`] on every allocator
@@ -120,11 +143,14 @@ impl Config {
     /// mode's default.
     ///
     /// ```
-    /// use proxalloc::{ClassAllocator, Config};
+    /// use proxalloc::{CacheMode, ClassAllocator, Config};
     /// assert_eq!(Config::DEFAULT_MAGAZINE_SIZE, 128);
-    /// static SMALL: ClassAllocator<u64> = ClassAllocator::new("doc-default-magazine");
+    /// static SMALL: ClassAllocator<u64> = ClassAllocator::with_config(
+    ///     "doc-default-magazine",
+    ///     Config::new().mode(CacheMode::ThreadCaches),
+    /// );
     /// drop((0..300).map(|i| SMALL.alloc(i)).collect::<Vec<_>>());
-    /// assert!(SMALL.stats().cached_in_threads <= 2 * 128); // two magazines, where per-thread
+    /// assert!(SMALL.stats().cached_in_threads <= 2 * 128); // two magazines
     /// ```
     pub const DEFAULT_MAGAZINE_SIZE: usize = 128;
     /// Default objects per magazine of an allocator with per-CPU caches: 512, where the CPU
@@ -194,7 +220,8 @@ impl Config {
     /// cache's two magazines ([`DEFAULT_THREAD_CACHE_BYTES`](Self::DEFAULT_THREAD_CACHE_BYTES)),
     /// which may grow by up to 1 MiB more under the process-wide budget
     /// ([`DEFAULT_THREAD_CACHE_GROWTH_BYTES`](Self::DEFAULT_THREAD_CACHE_GROWTH_BYTES)),
-    /// no cap on live objects, and [`CacheMode::ThreadCaches`].
+    /// no cap on live objects, and the default [`CacheMode`] (per-CPU caches with the
+    /// `percpu` feature on Linux x86-64, per-thread caches otherwise).
     ///
     /// ```
     /// use proxalloc::{ClassAllocator, Config};
@@ -212,7 +239,7 @@ impl Config {
             thread_cache_growth_bytes: Self::DEFAULT_THREAD_CACHE_GROWTH_BYTES,
             cpu_cache_bytes: Self::DEFAULT_CPU_CACHE_BYTES,
             max_live: usize::MAX,
-            mode: CacheMode::ThreadCaches,
+            mode: CacheMode::DEFAULT,
             // As wide as the depot's head allows (it clamps).
             generation_bits: u32::MAX,
         }
@@ -253,9 +280,11 @@ impl Config {
     /// magazine (one pointer), so the budget bounds zero-sized objects too.
     ///
     /// ```
-    /// use proxalloc::{ClassAllocator, Config};
-    /// static NO_DEPOT: ClassAllocator<[u8; 64]> =
-    ///     ClassAllocator::with_config("doc-config-depot", Config::new().depot_bytes(0));
+    /// use proxalloc::{CacheMode, ClassAllocator, Config};
+    /// static NO_DEPOT: ClassAllocator<[u8; 64]> = ClassAllocator::with_config(
+    ///     "doc-config-depot",
+    ///     Config::new().mode(CacheMode::ThreadCaches).depot_bytes(0),
+    /// );
     /// drop(NO_DEPOT.alloc([0; 64]));
     /// NO_DEPOT.release_thread_cache(); // would hand the object to the depot...
     /// let s = NO_DEPOT.stats();
@@ -272,10 +301,12 @@ impl Config {
     /// never below one object.
     ///
     /// ```
-    /// use proxalloc::{ClassAllocator, Config};
+    /// use proxalloc::{CacheMode, ClassAllocator, Config};
     /// // 4 KiB objects under an 8 KiB bound: magazines of one object, not 128.
-    /// static PAGES: ClassAllocator<[u8; 4096]> =
-    ///     ClassAllocator::with_config("doc-config-thread-bytes", Config::new().thread_cache_bytes(8 << 10));
+    /// static PAGES: ClassAllocator<[u8; 4096]> = ClassAllocator::with_config(
+    ///     "doc-config-thread-bytes",
+    ///     Config::new().mode(CacheMode::ThreadCaches).thread_cache_bytes(8 << 10),
+    /// );
     /// drop((0..10).map(|_| PAGES.alloc([0; 4096])).collect::<Vec<_>>());
     /// assert!(PAGES.stats().cached_in_threads <= 2);
     /// ```

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use proxalloc::{ClassAllocator, Config, Recycle, Recycled, RecyclingAllocator};
+use proxalloc::{CacheMode, ClassAllocator, Config, Recycle, Recycled, RecyclingAllocator};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -132,7 +132,10 @@ fn depot_only_objects_are_never_handed_out_twice() {
 fn stats_and_trim_all_run_while_another_thread_allocates() {
     static OBJECTS: ClassAllocator<[u64; 4]> = ClassAllocator::with_config(
         "stats-vs-owner",
-        Config::new().magazine_size(4).depot_bytes(64),
+        Config::new()
+            .mode(CacheMode::ThreadCaches)
+            .magazine_size(4)
+            .depot_bytes(64),
     );
     let _serial = serial();
     let rounds = if cfg!(miri) { 30 } else { 20_000 };
@@ -338,9 +341,12 @@ fn trim_counts_what_the_flush_released() {
 /// slow path (here: after a `with_local` call, and after a slow path on any allocator).
 #[test]
 fn trim_all_asks_other_threads_and_they_flush_at_their_next_slow_path() {
-    static WIDE: ClassAllocator<[u8; 256]> = ClassAllocator::new("trim-all-wide");
-    static POKE: ClassAllocator<u64> =
-        ClassAllocator::with_config("trim-all-poke", Config::new().magazine_size(1));
+    static WIDE: ClassAllocator<[u8; 256]> =
+        ClassAllocator::with_config("trim-all-wide", Config::new().mode(CacheMode::ThreadCaches));
+    static POKE: ClassAllocator<u64> = ClassAllocator::with_config(
+        "trim-all-poke",
+        Config::new().mode(CacheMode::ThreadCaches).magazine_size(1),
+    );
     let _serial = serial();
     let (cached_tx, cached_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel::<()>();

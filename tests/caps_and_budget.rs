@@ -6,7 +6,9 @@
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 
-use proxalloc::{AllocError, ClassAllocator, ClassBox, Config, Pool, Recycle, RecyclingAllocator};
+use proxalloc::{
+    AllocError, CacheMode, ClassAllocator, ClassBox, Config, Pool, Recycle, RecyclingAllocator,
+};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 fn serial() -> MutexGuard<'static, ()> {
@@ -139,7 +141,9 @@ fn the_budget_returns_to_zero_after_trim_and_drop_with_a_parked_owner() {
     let base = settled_budget();
     let a = Arc::new(ClassAllocator::<[u64; 8]>::with_config(
         "growth-parked-trim",
-        Config::new().magazine_size(16),
+        Config::new()
+            .mode(CacheMode::ThreadCaches)
+            .magazine_size(16),
     ));
     let n = if cfg!(miri) { 128 } else { 1024 };
     for phase in 0..2 {
@@ -196,7 +200,9 @@ fn dropping_an_allocator_with_a_parked_owner_returns_its_grant() {
     let n = if cfg!(miri) { 128 } else { 1024 };
     let a = Arc::new(ClassAllocator::<[u64; 8]>::with_config(
         "growth-parked-drop",
-        Config::new().magazine_size(16),
+        Config::new()
+            .mode(CacheMode::ThreadCaches)
+            .magazine_size(16),
     ));
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let (ready_tx, ready_rx) = mpsc::channel::<()>();
@@ -209,7 +215,10 @@ fn dropping_an_allocator_with_a_parked_owner_returns_its_grant() {
         ready_tx.send(()).unwrap();
         go_rx.recv().unwrap();
         // Uses another allocator: its slow paths sweep the dead cache.
-        let b = ClassAllocator::<u64>::new("growth-parked-other");
+        let b = ClassAllocator::<u64>::with_config(
+            "growth-parked-other",
+            Config::new().mode(CacheMode::ThreadCaches),
+        );
         let v: Vec<_> = (0..200).map(|i| b.alloc(i)).collect();
         drop(v);
     });
@@ -366,7 +375,10 @@ fn a_depot_budget_of_zero_keeps_no_zero_sized_object() {
     let _s = serial();
     let a = ClassAllocator::<()>::with_config(
         "zst-depot-zero",
-        Config::new().depot_bytes(0).thread_cache_growth_bytes(0),
+        Config::new()
+            .mode(CacheMode::ThreadCaches)
+            .depot_bytes(0)
+            .thread_cache_growth_bytes(0),
     );
     let n = if cfg!(miri) { 2_000 } else { 100_000 };
     drop((0..n).map(|_| a.alloc(())).collect::<Vec<_>>());

@@ -227,7 +227,10 @@ fn panicking_constructor_and_destructor_leave_counts_right() {
 #[test]
 fn depot_budget_bounds_what_is_cached() {
     // 64 B objects, 8 per magazine, a depot budget of 4 magazines.
-    let cfg = Config::new().magazine_size(8).depot_bytes(4 * 8 * 64);
+    let cfg = Config::new()
+        .mode(CacheMode::ThreadCaches)
+        .magazine_size(8)
+        .depot_bytes(4 * 8 * 64);
     let a = ClassAllocator::<[u8; 64]>::with_config("budget", cfg);
     let v: Vec<_> = (0..if cfg!(miri) { 500 } else { 10_000 })
         .map(|_| a.alloc([0; 64]))
@@ -247,7 +250,10 @@ fn depot_budget_bounds_what_is_cached() {
 
 #[test]
 fn thread_cache_bound_shrinks_magazines_of_large_objects() {
-    let cfg = Config::new().magazine_size(64).thread_cache_bytes(8 * 1024);
+    let cfg = Config::new()
+        .mode(CacheMode::ThreadCaches)
+        .magazine_size(64)
+        .thread_cache_bytes(8 * 1024);
     let a = ClassAllocator::<[u8; 1024]>::with_config("big", cfg);
     drop((0..100).map(|_| a.alloc([0; 1024])).collect::<Vec<_>>());
     let s = a.stats();
@@ -380,7 +386,10 @@ fn cross_thread_frees_account_exactly() {
 
 #[test]
 fn exiting_thread_gives_its_cache_back() {
-    let a = Arc::new(ClassAllocator::<u64>::new("exit"));
+    let a = Arc::new(ClassAllocator::<u64>::with_config(
+        "exit",
+        Config::new().mode(CacheMode::ThreadCaches),
+    ));
     let a2 = Arc::clone(&a);
     std::thread::spawn(move || drop((0..100).map(|i| a2.alloc(i)).collect::<Vec<_>>()))
         .join()
@@ -554,8 +563,14 @@ fn many_threads_random_ops_match_a_model() {
 
 #[test]
 fn idle_thread_cache_drains_gradually() {
-    let idle = ClassAllocator::<[u64; 2]>::with_config("idle", Config::new().magazine_size(8));
-    let busy = ClassAllocator::<u64>::with_config("busy", Config::new().magazine_size(4));
+    let idle = ClassAllocator::<[u64; 2]>::with_config(
+        "idle",
+        Config::new().mode(CacheMode::ThreadCaches).magazine_size(8),
+    );
+    let busy = ClassAllocator::<u64>::with_config(
+        "busy",
+        Config::new().mode(CacheMode::ThreadCaches).magazine_size(4),
+    );
     std::thread::scope(|s| {
         s.spawn(|| {
             drop((0..14).map(|i| idle.alloc([i; 2])).collect::<Vec<_>>());

@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 
-use proxalloc::{ClassAllocator, Config, OwnedRecycled, Recycle, RecyclingAllocator};
+use proxalloc::{CacheMode, ClassAllocator, Config, OwnedRecycled, Recycle, RecyclingAllocator};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -43,7 +43,7 @@ type Shared = Arc<RecyclingAllocator<Counted>>;
 fn grown_allocator() -> Shared {
     Arc::new(RecyclingAllocator::with_config(
         "dead-allocator",
-        Config::new().magazine_size(4),
+        Config::new().mode(CacheMode::ThreadCaches).magazine_size(4),
     ))
 }
 
@@ -98,13 +98,19 @@ fn after_the_allocator_dies(worker: impl FnOnce() + Send + 'static) {
 fn a_dead_allocators_grown_cache_is_retired_at_another_allocators_slow_path() {
     let _s = serial();
     after_the_allocator_dies(|| {
-        static OTHER: ClassAllocator<u64> = ClassAllocator::new("dead-allocator-other");
+        static OTHER: ClassAllocator<u64> = ClassAllocator::with_config(
+            "dead-allocator-other",
+            Config::new().mode(CacheMode::ThreadCaches),
+        );
         // Enough to leave the first magazine: a slow path, which sweeps this thread's
         // caches (the dead allocator announced its shutdown).
         let v: Vec<_> = (0..200).map(|i| OTHER.alloc(i)).collect();
         drop(v);
         // The retired cache's table index can pass to a new allocator.
-        let fresh = ClassAllocator::<u64>::new("dead-allocator-fresh");
+        let fresh = ClassAllocator::<u64>::with_config(
+            "dead-allocator-fresh",
+            Config::new().mode(CacheMode::ThreadCaches),
+        );
         let w: Vec<_> = (0..200).map(|i| fresh.alloc(i)).collect();
         assert!(w.iter().enumerate().all(|(i, x)| **x == i as u64));
         drop(w);

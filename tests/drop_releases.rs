@@ -6,7 +6,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::{mpsc, Arc, Barrier};
 
-use proxalloc::ClassAllocator;
+use proxalloc::{CacheMode, ClassAllocator, Config};
 
 #[repr(align(512))]
 struct Marked(#[allow(dead_code)] [u8; 1536]);
@@ -42,8 +42,14 @@ static GLOBAL: Counting = Counting;
 #[test]
 fn dropping_the_allocator_releases_objects_cached_by_live_threads() {
     const THREADS: usize = 4;
-    static OTHER: ClassAllocator<u64> = ClassAllocator::new("drop-releases-other");
-    let a = Arc::new(ClassAllocator::<Marked>::new("marked"));
+    static OTHER: ClassAllocator<u64> = ClassAllocator::with_config(
+        "drop-releases-other",
+        Config::new().mode(CacheMode::ThreadCaches),
+    );
+    let a = Arc::new(ClassAllocator::<Marked>::with_config(
+        "marked",
+        Config::new().mode(CacheMode::ThreadCaches),
+    ));
     let used = Arc::new(Barrier::new(THREADS + 1));
     let mut pokes = Vec::new();
     let (done_tx, done_rx) = mpsc::channel::<usize>();
@@ -110,7 +116,8 @@ fn dropping_the_allocator_releases_objects_cached_by_live_threads() {
     );
 
     // A new allocator may reuse the dropped one's table index.
-    let b = ClassAllocator::<Marked>::new("after");
+    let b =
+        ClassAllocator::<Marked>::with_config("after", Config::new().mode(CacheMode::ThreadCaches));
     drop(
         (0..10)
             .map(|_| b.alloc(Marked([0; 1536])))

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 
 use proxalloc::{
-    AllocError, BlockAllocator, BlockSource, ClassAllocator, Config, Pool, Recycle,
+    AllocError, BlockAllocator, BlockSource, CacheMode, ClassAllocator, Config, Pool, Recycle,
     RecyclingAllocator,
 };
 
@@ -457,7 +457,10 @@ fn out_of_memory_while_registering_a_threads_cache_is_an_error_not_an_abort() {
 fn a_new_thread_without_memory_gets_an_error_from_try_alloc() {
     let _s = serial();
     let base = objs_base();
-    let a = ClassAllocator::<Obj>::with_config("fault-register-none", config());
+    let a = ClassAllocator::<Obj>::with_config(
+        "fault-register-none",
+        config().mode(CacheMode::ThreadCaches),
+    );
     drop(a.alloc(Obj::new(0)));
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -642,7 +645,9 @@ fn evictions_need_no_memory_frees_flushes_and_trims_work_with_none() {
 fn a_thread_exit_needs_no_memory() {
     let _s = serial();
     let base = objs_base();
-    let cfg = Config::new().magazine_size(MAG);
+    let cfg = Config::new()
+        .mode(CacheMode::ThreadCaches)
+        .magazine_size(MAG);
     let allocators: Arc<Vec<ClassAllocator<Obj>>> = Arc::new(
         (0..5)
             .map(|_| ClassAllocator::with_config("fault-thread-exit", cfg))
@@ -682,9 +687,9 @@ fn a_thread_exit_needs_no_memory() {
 /// entry. (It collected the list into a `Vec`, and aborted: "memory allocation of 64
 /// bytes failed".)
 /// An allocator whose depot holds what `n` objects left (made, freed, and this thread's
-/// cache released).
+/// cache released: per-thread caches, which that releases).
 fn with_objects_in_its_depot(name: &'static str, n: u64) -> ClassAllocator<Obj> {
-    let a = ClassAllocator::<Obj>::with_config(name, config());
+    let a = ClassAllocator::<Obj>::with_config(name, config().mode(CacheMode::ThreadCaches));
     drop((0..n).map(|i| a.alloc(Obj::new(i))).collect::<Vec<_>>());
     a.release_thread_cache();
     assert!(a.stats().cached_in_depot > 0);
@@ -749,9 +754,15 @@ impl Drop for Parking {
 #[test]
 fn a_registration_during_an_out_of_memory_trim_all_skips_no_allocator() {
     let _s = serial();
-    let dead = ClassAllocator::<u64>::new("fault-walk-dead");
+    let dead = ClassAllocator::<u64>::with_config(
+        "fault-walk-dead",
+        Config::new().mode(CacheMode::ThreadCaches),
+    );
     drop(dead.alloc(1));
-    let parking = RecyclingAllocator::<Parking>::with_config("fault-walk-parking", Config::new());
+    let parking = RecyclingAllocator::<Parking>::with_config(
+        "fault-walk-parking",
+        Config::new().mode(CacheMode::ThreadCaches),
+    );
     drop(parking.get());
     parking.release_thread_cache();
     let after = with_objects_in_its_depot("fault-walk-after", 2 * MAG as u64);
@@ -770,7 +781,10 @@ fn a_registration_during_an_out_of_memory_trim_all_skips_no_allocator() {
                 std::thread::yield_now();
             }
             // Registers (this thread's allocations do not fail) while the walk waits.
-            let newcomer = ClassAllocator::<u64>::new("fault-walk-newcomer");
+            let newcomer = ClassAllocator::<u64>::with_config(
+                "fault-walk-newcomer",
+                Config::new().mode(CacheMode::ThreadCaches),
+            );
             drop(newcomer.alloc(2));
             GO.store(true, Ordering::Release);
         });

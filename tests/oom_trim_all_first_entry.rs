@@ -10,7 +10,7 @@ use std::alloc::Layout;
 use std::cell::Cell;
 
 use net_bytes::NetCounting;
-use proxalloc::ClassAllocator;
+use proxalloc::{CacheMode, ClassAllocator, Config};
 
 std::thread_local! {
     static FAIL: Cell<bool> = const { Cell::new(false) };
@@ -26,7 +26,10 @@ static GLOBAL: NetCounting = NetCounting { fail: failing_here };
 
 #[test]
 fn an_out_of_memory_trim_all_reaches_the_first_registered_allocator() {
-    let first = ClassAllocator::<[u64; 4]>::new("oom-walk-first");
+    let first = ClassAllocator::<[u64; 4]>::with_config(
+        "oom-walk-first",
+        Config::new().mode(CacheMode::ThreadCaches),
+    );
     drop((0..1024).map(|i| first.alloc([i; 4])).collect::<Vec<_>>());
     first.release_thread_cache();
     assert!(first.stats().cached_in_depot > 0, "{}", first.stats());

@@ -8,7 +8,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 
-use proxalloc::{BlockSource, Config, Pool, Recycle, RecyclingAllocator};
+use proxalloc::{BlockSource, CacheMode, Config, Pool, Recycle, RecyclingAllocator};
 
 // ---- 1. Pool::alloc_slow holds `&mut State` across BlockSource::alloc, which can run
 // user code (a Recycle value's Drop, from the class slow path's sweep) that re-enters
@@ -44,8 +44,12 @@ impl Drop for Reenter {
 }
 
 // A zero depot budget: a flush sends the value to the backing allocator (runs its Drop).
-static RE: RecyclingAllocator<Reenter> =
-    RecyclingAllocator::with_config("pool-reentry-recycled", Config::new().depot_bytes(0));
+// Per-thread caches: the flush must be this thread's, at its next slow path (a per-CPU
+// cache would be reclaimed by `trim_all` itself, on its thread).
+static RE: RecyclingAllocator<Reenter> = RecyclingAllocator::with_config(
+    "pool-reentry-recycled",
+    Config::new().mode(CacheMode::ThreadCaches).depot_bytes(0),
+);
 
 #[test]
 fn pool_slow_path_is_reentered_by_a_recycle_drop() {

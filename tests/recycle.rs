@@ -179,7 +179,10 @@ fn panics_in_create_and_recycle_leave_the_allocator_consistent() {
 #[test]
 fn values_recycled_on_other_threads_are_reused() {
     headers_type!(H, C);
-    let a = RecyclingAllocator::<H>::with_config("threads", Config::new().magazine_size(8));
+    let a = RecyclingAllocator::<H>::with_config(
+        "threads",
+        Config::new().mode(CacheMode::ThreadCaches).magazine_size(8),
+    );
     std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::sync_channel(16);
         s.spawn(|| {

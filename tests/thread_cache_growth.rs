@@ -7,7 +7,7 @@
 
 use std::sync::{mpsc, Mutex, MutexGuard};
 
-use proxalloc::{ClassAllocator, Config};
+use proxalloc::{CacheMode, ClassAllocator, Config};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -26,8 +26,12 @@ fn batch(a: &ClassAllocator<[u64; 8]>, n: u64) {
 #[test]
 fn a_batchy_thread_stops_going_to_the_depot() {
     let _s = serial();
-    let a =
-        ClassAllocator::<[u64; 8]>::with_config("growth-batch", Config::new().magazine_size(16));
+    let a = ClassAllocator::<[u64; 8]>::with_config(
+        "growth-batch",
+        Config::new()
+            .mode(CacheMode::ThreadCaches)
+            .magazine_size(16),
+    );
     for _ in 0..3 {
         batch(&a, 1024);
     }
@@ -104,7 +108,12 @@ fn an_idle_threads_stash_is_taken_at_once_by(
     trim: impl FnOnce(&ClassAllocator<[u64; 8]>) -> usize,
 ) {
     let _s = serial();
-    let wide = ClassAllocator::<[u64; 8]>::with_config(name, Config::new().magazine_size(16));
+    let wide = ClassAllocator::<[u64; 8]>::with_config(
+        name,
+        Config::new()
+            .mode(CacheMode::ThreadCaches)
+            .magazine_size(16),
+    );
     let (ready_tx, ready_rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel::<()>();
     std::thread::scope(|s| {
@@ -152,8 +161,12 @@ fn an_allocators_trim_takes_an_idle_threads_stash_at_once() {
 #[test]
 fn thread_exit_returns_the_grant() {
     let _s = serial();
-    static A: ClassAllocator<[u64; 8]> =
-        ClassAllocator::with_config("growth-exit", Config::new().magazine_size(16));
+    static A: ClassAllocator<[u64; 8]> = ClassAllocator::with_config(
+        "growth-exit",
+        Config::new()
+            .mode(CacheMode::ThreadCaches)
+            .magazine_size(16),
+    );
     let a = &A;
     // A joined `std::thread` has run its thread-locals' destructors, the cache's
     // teardown among them (a scoped thread is joined before them, so a test would have

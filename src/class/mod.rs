@@ -453,8 +453,11 @@ impl<T> ClassAllocator<T> {
     /// that moment, while `membarrier` fences work: see `stats::percpu_status`).
     ///
     /// ```
-    /// use proxalloc::ClassAllocator;
-    /// static JOBS: ClassAllocator<[u64; 8]> = ClassAllocator::new("doc-class-release");
+    /// use proxalloc::{CacheMode, ClassAllocator, Config};
+    /// static JOBS: ClassAllocator<[u64; 8]> = ClassAllocator::with_config(
+    ///     "doc-class-release",
+    ///     Config::new().mode(CacheMode::ThreadCaches),
+    /// );
     /// drop(JOBS.alloc([0; 8]));
     /// assert_eq!(JOBS.stats().cached_in_threads, 1);
     /// JOBS.release_thread_cache(); // e.g. before this worker idles for long

@@ -48,7 +48,7 @@ impl<T> ClassAllocator<T> {
     #[cold]
     #[inline(never)]
     fn alloc_miss(&self) -> Result<NonNull<T>, AllocError> {
-        match self.hints.cpu_alloc().or_else(|| self.hints.boxed_alloc()) {
+        match self.hints.miss_alloc() {
             Some(p) => {
                 self.on_alloc(p);
                 Ok(p.cast())
@@ -118,7 +118,7 @@ impl<T> ClassAllocator<T> {
     unsafe fn free_miss(&self, p: NonNull<u8>) {
         // SAFETY: forwarded from the caller.
         unsafe {
-            if !(self.hints.cpu_free(p) || self.hints.boxed_free(p)) {
+            if !self.hints.miss_free(p) {
                 self.free_raw_slow(p)
             }
         }

@@ -328,10 +328,13 @@ impl<T: Recycle> RecyclingAllocator<T> {
     /// Hands this thread's cached values to the depot and forgets this thread's cache.
     ///
     /// ```
-    /// # use proxalloc::{Recycle, RecyclingAllocator};
+    /// # use proxalloc::{CacheMode, Config, Recycle, RecyclingAllocator};
     /// # struct B(Vec<u8>);
     /// # impl Recycle for B { fn create() -> Self { B(Vec::new()) } fn recycle(&mut self) -> bool { true } }
-    /// let bufs = RecyclingAllocator::<B>::new("doc-recycling-release");
+    /// let bufs = RecyclingAllocator::<B>::with_config(
+    ///     "doc-recycling-release",
+    ///     Config::new().mode(CacheMode::ThreadCaches),
+    /// );
     /// drop(bufs.get());
     /// bufs.release_thread_cache(); // e.g. before a worker thread goes idle for long
     /// assert_eq!(bufs.stats().cached_in_depot, 1);

@@ -25,7 +25,7 @@ use std::sync::OnceLock;
 
 use super::large_blocks::Large;
 use crate::class::{ClassAllocator, RawBytes as Block};
-use crate::config::Config;
+use crate::config::{CacheMode, Config};
 use crate::core::backing::{BlockAllocator, MemoryOwner, ObjectHooks};
 use crate::core::budget::ByteBudget;
 use crate::registry::{self, Registered};
@@ -152,8 +152,11 @@ impl BlockSource {
         // (320 KiB); with the default growth, W7 left a stash of 64 KiB blocks in one
         // thread's cache (`docs/benchmarks.md#w7-footprint-the-subversion-pattern`).
         // Pools take one or two blocks of a class per clear, which the two magazines
-        // already serve.
+        // already serve. Per-thread caches in every build (the `percpu` feature's default
+        // is not theirs): `max_free` bounds what the depot keeps beside the threads'
+        // bounded caches, and `release_thread_cache` gives a thread's blocks back.
         let cfg = Config::new()
+            .mode(CacheMode::ThreadCaches)
             .magazine_size(8)
             .thread_cache_bytes(64 << 10)
             .thread_cache_growth_bytes(0);

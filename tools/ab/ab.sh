@@ -14,6 +14,9 @@
 # floor's own new / old (the same code in both builds: the run's noise).
 #
 # AB_FEATURES=percpu adds per-CPU allocators (both commits need CacheMode::PerCpu).
+# AB_OLD_FEATURES and AB_NEW_FEATURES set one side's features (default AB_FEATURES), so
+# one tree can be measured against itself with other features: `percpu,proxalloc/percpu`
+# builds the library with its own `percpu` feature too (per-CPU sequences inline).
 # Sources and builds are kept under target/ab/ (a commit's build is reused); the
 # samples of each A/B are kept in target/ab/runs/<time>/.
 set -euo pipefail
@@ -56,16 +59,20 @@ for a in "${run_args[@]}"; do
 done
 [ $has_rounds = 1 ] || run_args=(30 "${run_args[@]}")
 [[ $runs =~ ^[0-9]+$ ]] && [ "$runs" -gt 0 ] || fail "RUNS is a positive number"
-[ "$old" != . ] || [ "$new" != . ] || fail "OLD and NEW are both the working tree"
+features=${AB_FEATURES:-}
+old_features=${AB_OLD_FEATURES-$features}
+new_features=${AB_NEW_FEATURES-$features}
+[ "$old" != . ] || [ "$new" != . ] || [ "$old_features" != "$new_features" ] ||
+    fail "OLD and NEW are both the working tree, with the same features"
 
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 out=$root/target/ab
-features=${AB_FEATURES:-}
 
 # Builds the harness against `$1`'s library into `$2` (a file this script owns, removed
-# first, so a failed build can never leave an older binary to be measured).
+# first, so a failed build can never leave an older binary to be measured), with the
+# harness features `$3`.
 build() {
-    local rev=$1 dest=$2 tree key tmp
+    local rev=$1 dest=$2 features=$3 tree key tmp
     rm -f "$dest"
     if [ "$rev" = . ]; then
         tree=$root
@@ -88,7 +95,9 @@ build() {
         mkdir -p "$tree/tools/ab"
         tar -C "$root/tools/ab" -c Cargo.toml Cargo.lock src | tar -x -C "$tree/tools/ab"
     fi
-    echo "ab.sh: building the harness against $rev" >&2
+    echo "ab.sh: building the harness against $rev${features:+ with $features}" >&2
+    # Features change the library's code: each set has its own build.
+    key=$key${features:+-${features//[,\/]/-}}
     CARGO_TARGET_DIR=$out/build/$key cargo build --release --quiet \
         --manifest-path "$tree/tools/ab/Cargo.toml" ${features:+--features "$features"} >&2 ||
         fail "the build against $rev failed"
@@ -96,12 +105,13 @@ build() {
 }
 
 label() {
+    local features=${2:+, features $2}
     if [ "$1" != . ]; then
-        echo "$1 ($(git -C "$root" rev-parse --short "$1^{commit}"))"
+        echo "$1 ($(git -C "$root" rev-parse --short "$1^{commit}")$features)"
     elif [ -n "$(git -C "$root" status --porcelain -- . ':!tools/ab')" ]; then
-        echo "working tree ($(git -C "$root" rev-parse --short HEAD) + changes)"
+        echo "working tree ($(git -C "$root" rev-parse --short HEAD) + changes$features)"
     else
-        echo "working tree ($(git -C "$root" rev-parse --short HEAD) unchanged)"
+        echo "working tree ($(git -C "$root" rev-parse --short HEAD) unchanged$features)"
     fi
 }
 
@@ -109,8 +119,8 @@ dir=$out/runs/$(date +%Y%m%d-%H%M%S)
 mkdir -p "$dir"
 # Each side's binary is copied out of its build folder: the working tree's is rebuilt
 # in place by the next A/B, and each run must stay on one build.
-build "$old" "$dir/old-bin"
-build "$new" "$dir/new-bin"
+build "$old" "$dir/old-bin" "$old_features"
+build "$new" "$dir/new-bin" "$new_features"
 
 echo "ab.sh: $runs runs of each build, alternating; samples in $dir" >&2
 echo "machine: $(uname -m), $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
@@ -124,6 +134,6 @@ done
 echo >&2
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
 echo
-"$dir/new-bin" report "$dir/old.tsv" "$dir/new.tsv" --old-label "$(label "$old")" --new-label "$(label "$new")"
+"$dir/new-bin" report "$dir/old.tsv" "$dir/new.tsv" --old-label "$(label "$old" "$old_features")" --new-label "$(label "$new" "$new_features")"
 # The samples stay; the binaries (tens of MB with their debug info) go.
 rm -f "$dir/old-bin" "$dir/new-bin"

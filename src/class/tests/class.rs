@@ -32,7 +32,10 @@ fn the_fast_paths_read_the_engines_numbers_from_the_hints() {
         || !all.iter().any(far)
     {
         assert!(all.len() < 4096, "no inline index came free");
-        let a = ClassAllocator::<u64>::new("hints-read");
+        let a = ClassAllocator::<u64>::with_config(
+            "hints-read",
+            crate::Config::new().mode(crate::CacheMode::ThreadCaches),
+        );
         drop(a.alloc(1));
         all.push(a);
     }
@@ -53,13 +56,19 @@ fn the_fast_paths_read_the_engines_numbers_from_the_hints() {
             // The fast path serves this thread from its cache.
             let p = a
                 .hints
-                .alloc()
+                .thread_alloc()
                 .expect("the object just freed, from the fast path");
             // SAFETY: the object was just taken from this allocator and is unused.
-            assert!(unsafe { a.hints.free(p) }, "freed through the fast path");
+            assert!(
+                unsafe { a.hints.thread_free(p) },
+                "freed through the fast path"
+            );
             assert!(a.hints.boxed_alloc().is_none(), "an inline cache");
         } else {
-            assert!(a.hints.alloc().is_none(), "a boxed cache is not inline");
+            assert!(
+                a.hints.thread_alloc().is_none(),
+                "a boxed cache is not inline"
+            );
             // The boxed lookup serves this thread from its cache.
             let p = a
                 .hints

@@ -137,7 +137,48 @@ impl Hints {
     /// caller's value can be built straight into the object.
     #[inline(always)]
     pub(crate) fn alloc(&self) -> Option<NonNull<u8>> {
+        if rseq::PERCPU_FIRST {
+            self.cpu_alloc()
+        } else {
+            self.thread_alloc()
+        }
+    }
+
+    /// This thread's inline cache popped (see [`table::lookup_fast`]).
+    #[inline(always)]
+    pub(crate) fn thread_alloc(&self) -> Option<NonNull<u8>> {
         self.owner()?.pop()
+    }
+
+    /// What [`alloc`](Self::alloc) leaves to the front end's out-of-line miss path before
+    /// the slow path: the fast path of the kind of cache the inline one does not serve
+    /// (a per-CPU allocator's sequence, or a thread cache), then a boxed thread cache's
+    /// (an allocator past the thread table's inline caches). `None`, nothing changed,
+    /// when [`alloc`] must run.
+    #[inline(always)]
+    pub(crate) fn miss_alloc(&self) -> Option<NonNull<u8>> {
+        if rseq::PERCPU_FIRST {
+            self.thread_alloc().or_else(|| self.boxed_alloc())
+        } else {
+            self.cpu_alloc().or_else(|| self.boxed_alloc())
+        }
+    }
+
+    /// The free of [`miss_alloc`](Self::miss_alloc): false (nothing changed) when [`free`]
+    /// must run.
+    ///
+    /// # Safety
+    /// As for [`free`](Self::free).
+    #[inline(always)]
+    pub(crate) unsafe fn miss_free(&self, p: NonNull<u8>) -> bool {
+        // SAFETY: forwarded.
+        unsafe {
+            if rseq::PERCPU_FIRST {
+                self.thread_free(p) || self.boxed_free(p)
+            } else {
+                self.cpu_free(p) || self.boxed_free(p)
+            }
+        }
     }
 
     /// The fast path of a free: `p` into this thread's loaded magazine; false (with
@@ -147,6 +188,22 @@ impl Hints {
     /// `p` is an object of the hints' engine that nobody uses any more.
     #[inline(always)]
     pub(crate) unsafe fn free(&self, p: NonNull<u8>) -> bool {
+        // SAFETY: forwarded.
+        unsafe {
+            if rseq::PERCPU_FIRST {
+                self.cpu_free(p)
+            } else {
+                self.thread_free(p)
+            }
+        }
+    }
+
+    /// `p` pushed into this thread's inline cache.
+    ///
+    /// # Safety
+    /// As for [`free`](Self::free).
+    #[inline(always)]
+    pub(crate) unsafe fn thread_free(&self, p: NonNull<u8>) -> bool {
         match self.owner() {
             Some(c) => c.push(p),
             None => false,
@@ -352,7 +409,12 @@ pub(crate) fn alloc(e: &Arc<Engine>) -> Option<NonNull<u8>> {
 #[cold]
 #[inline(never)]
 fn alloc_cpu_slow(e: &Engine, pc: &PerCpu, area: *mut u8) -> Option<NonNull<u8>> {
-    pc.alloc(&e.shared(), area).or_else(|| e.alloc_backing())
+    let got = pc.alloc(&e.shared(), area);
+    // The sweep ends every slow path, a CPU's too: this thread's caches of per-thread
+    // allocators honour flush requests and the idle collector even where per-CPU
+    // allocators take all its slow paths.
+    table::after_slow_path();
+    got.or_else(|| e.alloc_backing())
 }
 
 /// A per-CPU free that the fast path could not take (see [`PerCpu::free`]).
@@ -363,7 +425,10 @@ fn alloc_cpu_slow(e: &Engine, pc: &PerCpu, area: *mut u8) -> Option<NonNull<u8>>
 #[inline(never)]
 unsafe fn free_cpu_slow(e: &Engine, pc: &PerCpu, area: *mut u8, p: NonNull<u8>) {
     // SAFETY: forwarded.
-    if !unsafe { pc.free(&e.shared(), area, p) } {
+    if unsafe { pc.free(&e.shared(), area, p) } {
+        // As in `alloc_cpu_slow`.
+        table::after_slow_path();
+    } else {
         // SAFETY: forwarded.
         unsafe { e.free_backing(p) }
     }

@@ -132,6 +132,18 @@ macro_rules! with_rseq {
 }
 pub(crate) use with_rseq;
 
+/// Whether the inline fast paths are the per-CPU sequences, with the thread caches'
+/// lookup out of line (the `percpu` feature, where rseq is compiled), rather than the
+/// other way round: one kind of cache is inlined into every allocation site, since
+/// carrying both costs the callers of either (`docs/benchmarks.md`).
+pub(crate) const PERCPU_FIRST: bool = cfg!(all(
+    feature = "percpu",
+    target_os = "linux",
+    target_arch = "x86_64",
+    not(miri),
+    not(proxalloc_loom)
+));
+
 /// Items compiled where [`with_rseq`]'s are not.
 macro_rules! without_rseq {
     ($($item:item)*) => {

@@ -2,7 +2,7 @@ use super::Hints;
 use crate::core::idle::MIN_IDLE_INTERVAL_OVERRIDE;
 use crate::core::table::{self, Lookup};
 use crate::core::thread_cache::Holdings;
-use crate::{ClassAllocator, Config};
+use crate::{CacheMode, ClassAllocator, Config};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -37,8 +37,10 @@ fn pause() {
 /// than the minimum interval does nothing.
 #[test]
 fn trim_idle_takes_the_stash_of_an_idle_cache_only() {
-    let a =
-        ClassAllocator::<[u8; 64]>::with_config("cache-trim-idle", Config::new().magazine_size(8));
+    let a = ClassAllocator::<[u8; 64]>::with_config(
+        "cache-trim-idle",
+        Config::new().mode(CacheMode::ThreadCaches).magazine_size(8),
+    );
     let e = a.engine_arc();
     let key = (e.index(), e.instance());
     std::thread::scope(|s| {

@@ -20,11 +20,14 @@
 //! ```
 //!
 //! The contenders: `floor`, `ClassBox`, `one-word` (a run-time allocator's object
-//! through `into_raw`/`from_raw`), `Thin` (`static_class!` allocators' one-word handles;
+//! through `into_raw`/`from_raw`; both in the library build's default mode: per-CPU
+//! caches with `--features proxalloc/percpu`, per-thread ones without), `Thin`
+//! (`static_class!` allocators' one-word handles;
 //! and with `--all`, `floor-vec`: a thread-local `Vec` per size, as the suite's
 //! `lower-bound`; `floor-2w`: the floor with a handle shaped as a `ClassBox`, two words
 //! and a `Drop`); with the `percpu` feature
-//! `ClassBox-percpu` and `one-word-percpu`; with `peers`, `jemalloc`, `mimalloc` and
+//! `ClassBox-percpu` and `one-word-percpu` (explicitly per-CPU) and `ClassBox-threads`
+//! (explicitly per-thread); with `peers`, `jemalloc`, `mimalloc` and
 //! `glibc`. The workloads: `W1 pair 64 B`, `W2 batch 64 B`, `W3 64 B 2t`, `request`
 //! and `request 2t`.
 
@@ -112,9 +115,16 @@ macro_rules! proxalloc_cells {
     }};
 }
 
-/// An allocator as most users make one.
-fn thread_caches<T>(name: &'static str) -> ClassAllocator<T> {
+/// An allocator as most users make one: the build's default mode (per-CPU caches with
+/// the library's `percpu` feature, per-thread caches without).
+fn default_mode<T>(name: &'static str) -> ClassAllocator<T> {
     ClassAllocator::new(name)
+}
+
+/// An allocator with per-thread caches, whatever the default.
+#[cfg(feature = "percpu")]
+fn per_thread<T>(name: &'static str) -> ClassAllocator<T> {
+    ClassAllocator::with_config(name, Config::new().mode(CacheMode::ThreadCaches))
 }
 
 /// An allocator with per-CPU caches.
@@ -153,8 +163,8 @@ fn cells() -> Vec<Cell> {
     add_uniform(&mut cells, report::FLOOR, &Floor);
     add_uniform(&mut cells, "floor-vec", &VecFloor);
     add_uniform(&mut cells, "floor-2w", &Floor2);
-    proxalloc_cells!(&mut cells, "ClassBox", Boxed, thread_caches);
-    proxalloc_cells!(&mut cells, "one-word", OneWord, thread_caches);
+    proxalloc_cells!(&mut cells, "ClassBox", Boxed, default_mode);
+    proxalloc_cells!(&mut cells, "one-word", OneWord, default_mode);
     add(
         &mut cells,
         "Thin",
@@ -170,6 +180,7 @@ fn cells() -> Vec<Cell> {
     {
         proxalloc_cells!(&mut cells, "ClassBox-percpu", Boxed, per_cpu);
         proxalloc_cells!(&mut cells, "one-word-percpu", OneWord, per_cpu);
+        proxalloc_cells!(&mut cells, "ClassBox-threads", Boxed, per_thread);
     }
     #[cfg(feature = "peers")]
     {
