@@ -14,10 +14,13 @@
 /// assert_eq!(Config::new().mode(CacheMode::default()), Config::new()); // the default
 /// ```
 ///
-/// The default is [`PerCpu`](CacheMode::PerCpu) in a build with the `percpu` feature on
-/// Linux x86-64, and [`ThreadCaches`](CacheMode::ThreadCaches) otherwise: the build's
-/// default mode is the one whose fast path is inlined into every allocation site; the
-/// other one's runs behind a call (see the crate docs, "Choosing the cache mode").
+/// The default is [`PerCpu`](CacheMode::PerCpu) with the `percpu` feature (on by default)
+/// on Linux x86-64, and [`ThreadCaches`](CacheMode::ThreadCaches) otherwise. The build's
+/// default mode is the one whose fast path is inlined into every allocation and free;
+/// the other mode's fast path runs behind a call, one lookup later (inlining both costs
+/// the callers of either). So a per-thread allocator in a default build, or a per-CPU
+/// one in a build without `percpu`, works as documented but takes longer per operation:
+/// to make per-thread caches the fast ones, build without default features.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum CacheMode {
@@ -30,7 +33,7 @@ pub enum CacheMode {
     /// caches hold grows with the number of CPUs, not threads (a server with a thousand
     /// mostly idle threads caches for its CPUs only), and `trim`/`trim_all` take it back
     /// from any thread. The fast paths are one restartable sequence each, with no atomic
-    /// instruction.
+    /// instruction. The default with the `percpu` feature (on by default).
     ///
     /// Where per-CPU caches cannot work (another platform, no rseq or membarrier, Miri,
     /// valgrind, the environment variable `PROXALLOC_PERCPU=off`, or an allocator capped

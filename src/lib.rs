@@ -1,14 +1,18 @@
 //! # proxalloc
 //!
-//! A per-thread caching object allocator for servers that allocate and free the same few
-//! object types millions of times a second.
+//! A per-CPU and per-thread caching object allocator for servers that allocate and free
+//! the same few object types millions of times a second.
 //!
 //! - [`ClassAllocator<T>`] hands out objects of one type through an owning handle,
 //!   [`ClassBox`], whose `Drop` runs `T`'s destructor and recycles the memory.
-//! - Each thread keeps freed objects in two *magazines* (Bonwick's loaded and previous),
-//!   so the common allocation and free touch only thread-local memory, with no atomic
-//!   read-modify-write and no lock.
-//! - Threads exchange whole magazines with a lock-free *depot*, one CAS per magazine; the
+//! - Each CPU (on Linux x86-64, through restartable sequences) or each thread (elsewhere,
+//!   and wherever rseq cannot be used) keeps freed objects in two *magazines* (Bonwick's
+//!   loaded and previous), so the common allocation and free touch no shared cache line,
+//!   with no atomic read-modify-write and no lock. Which one is the default, and inlined
+//!   into every allocation site, is the build's choice: the `percpu` feature (on by
+//!   default) picks per-CPU caches, whose memory follows CPUs rather than threads (see
+//!   [`CacheMode`]).
+//! - Caches exchange whole magazines with a lock-free *depot*, one CAS per magazine; the
 //!   depot holds at most a byte budget of free objects and gives the rest back to the
 //!   system allocator. [`ClassAllocator::trim`] releases what it caches.
 //!

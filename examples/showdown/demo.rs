@@ -161,7 +161,7 @@ fn runtime(threads: usize) -> tokio::runtime::Runtime {
 /// `--serve`: the proxy on 127.0.0.1:port until Ctrl-C (or `--seconds`), then a graceful
 /// shutdown and the allocator dump.
 fn serve(a: &Args) {
-    let mode = a.mode.unwrap_or(Mode::Caches);
+    let mode = a.mode.unwrap_or_else(Mode::crate_default);
     let allocs = Allocators::leak(mode);
     let seconds = if a.seconds.is_nan() { 0.0 } else { a.seconds };
     let runtime = runtime(a.threads);
@@ -285,7 +285,7 @@ fn inproc_request(i: u64) -> Request<Empty<Bytes>> {
 /// runtime. Prints `INPROC <requests/s> <CPU µs per request> <live objects after>`.
 fn inproc(a: &Args) {
     const TASKS: u64 = 8;
-    let allocs = Allocators::leak(a.mode.unwrap_or(Mode::Caches));
+    let allocs = Allocators::leak(a.mode.unwrap_or_else(Mode::crate_default));
     let seconds = if a.seconds.is_nan() { 2.0 } else { a.seconds };
     let runtime = runtime(a.threads);
     let (rate, cpu_us) = runtime.block_on(async {
@@ -343,7 +343,8 @@ struct Pairing {
 
 impl Pairing {
     /// The rows of a default run: each proxalloc mode over glibc, and over each other
-    /// global allocator this build has both its thread caches and the allocator alone.
+    /// global allocator this build has both proxalloc's default mode and the allocator
+    /// alone.
     fn default_rows() -> Vec<Pairing> {
         let mut rows: Vec<Pairing> = Mode::ALL
             .into_iter()
@@ -351,7 +352,7 @@ impl Pairing {
             .collect();
         for global in [Kind::Mimalloc, Kind::Jemalloc] {
             if crate::GLOBAL.has(global) {
-                rows.push(Pairing::new(Mode::Caches, global));
+                rows.push(Pairing::new(Mode::crate_default(), global));
                 rows.push(Pairing::new(Mode::System, global));
             }
         }
@@ -532,6 +533,7 @@ fn compare(a: &Args) {
          CPU per request (all rounds in brackets).\n",
         a.threads, a.connections, a.warmup, a.rounds
     );
+    println!("{}\n", default_mode_note());
     let exe = std::env::current_exe().expect("own path");
     let mut runs: Vec<Vec<Row>> = rows.iter().map(|_| Vec::new()).collect();
     let mut inproc: Vec<Vec<[String; 3]>> = rows.iter().map(|_| Vec::new()).collect();
@@ -576,7 +578,7 @@ fn compare(a: &Args) {
             r.load.non_2xx,
             r.live
         );
-        if r.pairing == Pairing::new(Mode::Caches, Kind::Glibc) {
+        if r.pairing == Pairing::new(Mode::crate_default(), Kind::Glibc) {
             dump = Some((r.warm_dump, r.stopped));
         }
     }
@@ -603,7 +605,8 @@ fn compare(a: &Args) {
             .filter(|l| l.starts_with("stopping:") || l.starts_with("shut down"))
             .collect();
         println!(
-            "\nthe thread-caches server over glibc, at the end of its warm-up (kill -USR1):\n{warm}{}",
+            "\nthe {} server over glibc, at the end of its warm-up (kill -USR1):\n{warm}{}",
+            Mode::crate_default().label(),
             stopped.join("\n")
         );
     }
@@ -611,6 +614,34 @@ fn compare(a: &Args) {
     println!("\n{}", NOTE.replace("{cores}", &cores.to_string()));
     if !crate::GLOBAL.has(Kind::Jemalloc) {
         println!("\n{JEMALLOC_NOTE}");
+    }
+}
+
+/// Which cache mode proxalloc's allocators get here by default, and why: the build's
+/// default, and what this machine gives an allocator that asks for it.
+fn default_mode_note() -> String {
+    use proxalloc::{CacheMode, ClassAllocator};
+    // What an allocator made with no mode gets here: per-CPU caches fall back to
+    // per-thread ones where rseq or membarrier cannot be used.
+    let probe = ClassAllocator::<u64>::new("showdown-mode-probe");
+    drop(probe.alloc(0));
+    let got = probe.mode();
+    let status = proxalloc::stats::percpu_status();
+    match (CacheMode::default(), got) {
+        (CacheMode::PerCpu, CacheMode::PerCpu) => "proxalloc's default here: CPU caches (the `percpu` feature, on by default, makes \
+             per-CPU caches the default on Linux x86-64, and rseq and membarrier work on this machine).\n\
+             Their memory follows CPUs, not threads, and any thread can trim it; the thread-caches row is \
+             what a build without the feature gets."
+            .to_string(),
+        (CacheMode::PerCpu, _) => format!(
+            "proxalloc's default here: thread caches (the build asks for CPU caches, but they fell back: {}).",
+            status
+                .disabled
+                .unwrap_or_else(|| "rseq or membarrier unavailable, or PROXALLOC_PERCPU=off".into())
+        ),
+        _ => "proxalloc's default here: thread caches (a build without the `percpu` feature, or not Linux \
+              x86-64); the CPU-caches row asks for them by name."
+            .to_string(),
     }
 }
 
@@ -627,12 +658,15 @@ hyper's parsing, and requests/s follows the share of the cores the server happen
 says little about the allocator. CPU time per request (the server process's user + system time
 over the answers it gave) is where the allocator's share shows; the in-process rows, without
 sockets, show its own effect. The global allocator serves everything else in every row (tokio,
-hyper, the origin), so compare rows over the same one: thread caches against the global
-allocator alone is what proxalloc adds to a server that already installs that allocator. Depot
+hyper, the origin), so compare rows over the same one: proxalloc's default (CPU caches where
+rseq works, thread caches elsewhere) against the global allocator alone is what proxalloc adds
+to a server that already installs that allocator. Depot
 only is Traffic Server's global freelist: every allocation and free is a compare-and-swap on one
 shared stack, and the more cores contend for it, the more each one costs. Traffic Server, on a
 many-core machine, measured 137,070 -> 259,192 fetches/s when its global freelist gave way to
-per-thread caches. Memory: proxalloc keeps what its caches hold (the dump's reserved bytes; the
+per-thread caches. CPU caches hold memory per CPU, thread caches per thread (a server with
+a few worker threads per core shows little difference; one with many threads, idle ones
+above all, shows it). Memory: proxalloc keeps what its caches hold (the dump's reserved bytes; the
 pools' free blocks up to the block source's 2 MiB), and each global allocator keeps its own.";
 
 /// User + system CPU seconds of process `pid` ("self" for this one), from /proc.

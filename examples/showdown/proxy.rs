@@ -91,9 +91,21 @@ impl Mode {
         Mode::ALL.into_iter().find(|m| m.flag() == flag)
     }
 
+    /// proxalloc's default mode in this build (`CacheMode::default()`): CPU caches with
+    /// the `percpu` feature (on by default) on Linux x86-64, thread caches otherwise.
+    pub fn crate_default() -> Mode {
+        match CacheMode::default() {
+            CacheMode::PerCpu => Mode::PerCpu,
+            _ => Mode::Caches,
+        }
+    }
+
     pub fn label(self) -> &'static str {
+        let default = self == Mode::crate_default();
         match self {
+            Mode::Caches if default => "thread caches (default)",
             Mode::Caches => "thread caches",
+            Mode::PerCpu if default => "CPU caches (default)",
             Mode::PerCpu => "CPU caches",
             Mode::Depot => "depot only (global freelist)",
             Mode::System => "global allocator",
