@@ -3,8 +3,8 @@
 //! resumed on another worker thread each time) and pass some to a consumer task through
 //! a channel; each handle is dropped on whichever worker runs its task then. After the
 //! runtime shuts down, the allocator's stats show no live object, and every object freed
-//! on another worker than the one that allocated it went back through that worker's
-//! cache.
+//! on another worker than the one that allocated it went back through the cache nearest
+//! that worker (its CPU's, with per-CPU caches; its own, with per-thread caches).
 //!
 //! ```sh
 //! cargo run --release --example tokio_tasks
@@ -97,8 +97,9 @@ fn main() {
         assert_eq!(logged, TASKS / 4);
         total
     });
-    // Shutting the runtime down ends its worker threads, whose caches go back to the
-    // allocator's depot.
+    // Shutting the runtime down ends its worker threads, whose thread caches (if the
+    // allocator has per-thread caches) go back to the allocator's depot; CPU caches stay
+    // until a trim.
     drop(runtime);
 
     let s = REQUESTS.stats();

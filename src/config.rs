@@ -261,7 +261,7 @@ impl Config {
     /// static SMALL: ClassAllocator<u64> =
     ///     ClassAllocator::with_config("doc-config-magazine", Config::new().magazine_size(4));
     /// drop((0..20).map(|i| SMALL.alloc(i)).collect::<Vec<_>>());
-    /// // This thread keeps at most two magazines of 4; the rest went to the depot.
+    /// // This CPU (or thread) keeps at most two magazines of 4; the rest went to the depot.
     /// let s = SMALL.stats();
     /// assert!(s.cached_in_threads <= 8);
     /// assert_eq!(s.cached_in_threads + s.cached_in_depot, 20);
@@ -328,10 +328,13 @@ impl Config {
     /// (one pointer), so the bound holds for zero-sized objects too.
     ///
     /// ```
-    /// use proxalloc::{ClassAllocator, Config};
+    /// use proxalloc::{CacheMode, ClassAllocator, Config};
     /// static FLAT: ClassAllocator<u64> = ClassAllocator::with_config(
     ///     "doc-config-growth",
-    ///     Config::new().magazine_size(4).thread_cache_growth_bytes(0),
+    ///     Config::new()
+    ///         .mode(CacheMode::ThreadCaches) // per-CPU caches have no stash to grow
+    ///         .magazine_size(4)
+    ///         .thread_cache_growth_bytes(0),
     /// );
     /// // Batches larger than two magazines, again and again: with no growth, this
     /// // thread never caches more than its two magazines of 4.

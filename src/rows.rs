@@ -14,7 +14,7 @@ macro_rules! define_stats {
         /// A snapshot of one allocator's counters, from
         /// [`ClassAllocator::stats`](crate::ClassAllocator::stats).
         ///
-        /// Counters are summed over every thread cache when read. While other threads are
+        /// Counters are summed over every thread and CPU cache when read. While other threads are
         /// allocating the snapshot is not atomic (each counter is read once, at a slightly
         /// different moment); when they are quiescent it is exact, and then
         /// `live + cached_in_threads + cached_in_depot == backing_allocs - backing_frees`.
@@ -128,11 +128,11 @@ impl Stats {
             && self.live + self.cached_in_threads + self.cached_in_depot == self.reserved_objects()
     }
 
-    /// Bytes of free objects cached in thread caches and the depot.
+    /// Bytes of free objects cached in thread or CPU caches and the depot.
     ///
     /// ```
     /// let a = proxalloc::ClassAllocator::<[u8; 64]>::new("doc-cached-bytes");
-    /// drop(a.alloc([0; 64])); // the object stays in this thread's cache
+    /// drop(a.alloc([0; 64])); // the object stays in this CPU's (or thread's) cache
     /// assert_eq!(a.stats().cached_bytes(), 64);
     /// a.trim();
     /// assert_eq!(a.stats().cached_bytes(), 0);

@@ -174,7 +174,7 @@ pub(super) fn fail(e: BufferError, capacity: usize) -> ! {
 /// let again = head.clone(); // a reference count, as for any `Bytes`
 /// std::thread::spawn(move || drop(again)).join().unwrap();
 /// assert_eq!(&head[..], b"HTTP/1.1 200 OK\r\n");
-/// drop(head); // the last one: the 2 KiB slot goes back to this thread's cache
+/// drop(head); // the last one: the 2 KiB slot goes back to this CPU's (or thread's) cache
 /// assert_eq!(BUFS.stats().live_buffers(), 0);
 /// ```
 pub struct BufferAllocator {
@@ -507,7 +507,8 @@ impl BufferAllocator {
     }
 
     /// Hands this thread's cached buffers of every class to the depots (see
-    /// [`ClassAllocator::release_thread_cache`]).
+    /// [`ClassAllocator::release_thread_cache`]: per-CPU classes, the default, have only
+    /// a fallback thread cache to release; `trim` takes their CPUs' buffers).
     pub fn release_thread_cache(&self) {
         for i in 0..BUFFER_CLASSES.len() {
             if on_class!(self, i, c => c.used_engine()).is_some() {

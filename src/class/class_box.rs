@@ -14,7 +14,8 @@ use super::raw::FreeOnUnwind;
 use super::ClassAllocator;
 
 /// An object owned through a [`ClassAllocator`]: dropping it runs `T`'s destructor and
-/// recycles the memory into the dropping thread's cache.
+/// recycles the memory into the cache nearest the dropping thread (its CPU's, or its
+/// own).
 ///
 /// ```
 /// use proxalloc::{ClassAllocator, ClassBox};

@@ -12,7 +12,9 @@ use crate::core::engine::Engine;
 use crate::error::AllocError;
 
 /// This thread's cache of one allocator, in hand: see [`ClassAllocator::with_local`].
-/// Allocations and frees through it skip the thread-local lookup.
+/// Allocations and frees through it skip the thread-local lookup (a per-CPU or capped
+/// allocator holds no thread cache there: its operations take the allocator's own
+/// paths).
 ///
 /// ```
 /// use proxalloc::{ClassAllocator, LocalCache};
@@ -35,9 +37,12 @@ pub struct LocalCache<'a, T> {
 
 impl<T> ClassAllocator<T> {
     /// Runs `f` with this thread's cache in hand, so allocations and frees in `f` skip
-    /// the thread-local lookup: for event-loop workers that own their thread. On the way
-    /// out it honours flush requests that `trim_all` posted meanwhile (an event loop
-    /// that only ever hits its cache takes no slow path that would).
+    /// the thread-local lookup: for event-loop workers that own their thread, with
+    /// per-thread caches. A per-CPU allocator (the default with the `percpu` feature) or
+    /// a capped one has no thread cache to hold: `f` still runs, and its operations take
+    /// the allocator's ordinary fast paths. On the way out it honours flush requests that
+    /// `trim_all` posted meanwhile (an event loop that only ever hits its cache takes no
+    /// slow path that would).
     ///
     /// ```
     /// use proxalloc::ClassAllocator;
@@ -92,7 +97,7 @@ impl<'a, T> LocalCache<'a, T> {
     /// static EVENTS: ClassAllocator<(u32, u32)> = ClassAllocator::new("doc-local-alloc");
     /// let sum = EVENTS.with_local(|cache| {
     ///     let e = cache.alloc((2, 3));
-    ///     e.0 + e.1 // `e` drops here, through the thread-local lookup
+    ///     e.0 + e.1 // `e` drops here, through the allocator's ordinary fast path
     /// });
     /// assert_eq!(sum, 5);
     /// ```

@@ -26,11 +26,12 @@ use crate::error::AllocError;
 use crate::rows::Stats;
 use crate::sync::{const_fn, Arc, ArcRef, LazyArc};
 
-/// An allocator of objects of one type, with per-thread caches.
+/// An allocator of objects of one type, with per-CPU or per-thread caches (see
+/// [`CacheMode`]).
 ///
 /// Allocation returns a [`ClassBox`] handle that owns the object; dropping the handle runs
-/// `T`'s destructor and keeps the memory in the dropping thread's cache for the next
-/// allocation. It is usually a `static`:
+/// `T`'s destructor and keeps the memory in the cache nearest the dropping thread (its
+/// CPU's, or its own) for the next allocation. It is usually a `static`:
 ///
 /// ```
 /// use proxalloc::ClassAllocator;
@@ -40,13 +41,13 @@ use crate::sync::{const_fn, Arc, ArcRef, LazyArc};
 ///
 /// let r = REQUESTS.alloc(Request { id: 7, path: "/".into() });
 /// assert_eq!(r.id, 7);
-/// drop(r); // runs Request's destructor; its memory stays in this thread's cache
+/// drop(r); // runs Request's destructor; its memory stays in this CPU's (or thread's) cache
 /// assert_eq!(REQUESTS.stats().live, 0);
 /// ```
 ///
-/// It can also be an owned value; dropping it returns what the dropping thread and the
-/// depot cache to the system allocator at once, and what other threads cache at each
-/// one's next slow path or exit. Handles borrow their allocator, so none can outlive it:
+/// It can also be an owned value; dropping it returns what the CPUs, the dropping thread
+/// and the depot cache to the system allocator at once, and what other threads cache at
+/// each one's next slow path or exit. Handles borrow their allocator, so none can outlive it:
 ///
 /// ```compile_fail
 /// use proxalloc::{ClassAllocator, ClassBox};
@@ -389,10 +390,10 @@ impl<T> ClassAllocator<T> {
         Ok(unsafe { ClassBox::from_raw(self, object) })
     }
 
-    /// Gives back to the system allocator everything this thread caches, everything the
-    /// depot caches, and what every other thread's cache grew to (its stash, taken at
-    /// once), and returns the number of bytes released. Each other thread keeps its two
-    /// magazines, which only it may touch: `trim` asks it to flush them, and it does at
+    /// Gives back to the system allocator everything the CPUs' caches hold (per-CPU
+    /// caches), everything this thread caches, everything the depot caches, and what every
+    /// other thread's cache grew to (its stash, taken at once), and returns the number of
+    /// bytes released. Each other thread keeps its two magazines (per-thread caches), which only it may touch: `trim` asks it to flush them, and it does at
     /// its next slow path on any allocator, when it leaves a `with_local` call, when it
     /// calls [`release_thread_cache`](Self::release_thread_cache), or when it exits; a
     /// later `trim` returns what it gave to the depot. [`trim_all`](crate::trim_all) does

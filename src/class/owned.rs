@@ -18,8 +18,8 @@ use crate::class::{ClassAllocator, ClassBox};
 use crate::error::AllocError;
 
 /// An object owned through an `Arc` of its [`ClassAllocator`]: `'static`, `Send` when `T`
-/// is, and dropping it runs `T`'s destructor and recycles the memory into the dropping
-/// thread's cache, like [`ClassBox`].
+/// is, and dropping it runs `T`'s destructor and recycles the memory into the cache
+/// nearest the dropping thread (its CPU's, or its own), like [`ClassBox`].
 ///
 /// ```
 /// use std::sync::Arc;

@@ -1,5 +1,5 @@
-//! The object paths of [`ClassAllocator`]: memory for one object from this thread's
-//! cache (the fast path, inlined into callers) or the slow paths, both through the cache
+//! The object paths of [`ClassAllocator`]: memory for one object from this CPU's or this
+//! thread's cache (the fast path, inlined into callers) or the slow paths, both through the cache
 //! seam ([`crate::core::cache`]), and back.
 //! Everything typed (values, handles) is in the parent module; this is raw memory.
 
@@ -12,7 +12,8 @@ use crate::debug;
 use crate::error::AllocError;
 
 impl<T> ClassAllocator<T> {
-    /// Allocates memory for one object (uninitialised), through this thread's cache.
+    /// Allocates memory for one object (uninitialised), through this CPU's or thread's
+    /// cache.
     #[inline(always)]
     pub(crate) fn alloc_raw(&self) -> Result<NonNull<T>, AllocError> {
         match self.alloc_fast() {
@@ -21,7 +22,8 @@ impl<T> ClassAllocator<T> {
         }
     }
 
-    /// The fast path alone: an object from this thread's loaded magazine, or `None`
+    /// The fast path alone: an object from the inline cache's loaded magazine (this CPU's
+    /// with the `percpu` feature, else this thread's; see `Hints::alloc`), or `None`
     /// (with nothing changed) when the slow path must run. It makes no calls, so a
     /// caller's value can be built straight into the object (see `try_alloc`).
     #[inline(always)]
@@ -40,9 +42,10 @@ impl<T> ClassAllocator<T> {
         Ok(p.cast())
     }
 
-    /// The inline fast path missed: a per-CPU allocator's sequence (`Hints::cpu_alloc`),
-    /// then a boxed cache's fast path (an allocator past the thread table's inline
-    /// caches: `Hints::boxed_alloc`), else the slow path. Out of line, but small, so
+    /// The inline fast path missed: the other kind of cache's fast path (the thread
+    /// lookup with the `percpu` feature, a per-CPU allocator's sequence without it), then
+    /// a boxed cache's (an allocator past the thread table's inline caches), all in
+    /// `Hints::miss_alloc`, else the slow path. Out of line, but small, so
     /// that such an allocation costs one short call. (`#[cold]` for the inline fast
     /// path's sake: a call the caller believes hot makes it save registers.)
     #[cold]
@@ -82,7 +85,7 @@ impl<T> ClassAllocator<T> {
     }
 
     /// Returns one object's memory (its value already dropped or moved out) through this
-    /// thread's cache.
+    /// CPU's or thread's cache.
     ///
     /// # Safety
     /// `p` came from this allocator and nobody uses it any more.

@@ -129,12 +129,13 @@ unsafe fn destroy<T>(p: *mut u8) {
 
 /// An allocator that caches *constructed* objects: [`get`](Self::get) hands out a
 /// recycled value (or a fresh one from [`Recycle::create`]), and dropping the handle calls
-/// [`Recycle::recycle`] and keeps the value, buffers and all, in the thread's cache.
+/// [`Recycle::recycle`] and keeps the value, buffers and all, in the CPU's (or the
+/// thread's) cache.
 ///
 /// Cached values are dropped when they leave the caches: over the depot budget, on
-/// `trim`/`trim_all`, and when the allocator is dropped (the depot's and the dropping
-/// thread's at once; another thread's at that thread's next slow path or exit, on that
-/// thread).
+/// `trim`/`trim_all`, and when the allocator is dropped (the CPUs', the depot's and the
+/// dropping thread's at once; another thread's at that thread's next slow path or exit,
+/// on that thread).
 ///
 /// ```
 /// use proxalloc::{Recycle, RecyclingAllocator};
@@ -289,7 +290,7 @@ impl<T: Recycle> RecyclingAllocator<T> {
         self.inner.stats()
     }
 
-    /// Drops every value this thread, the depot and other threads' stashes cache, as
+    /// Drops every value the CPUs, this thread, the depot and other threads' stashes cache, as
     /// [`ClassAllocator::trim`](crate::ClassAllocator::trim) does; returns the bytes
     /// released.
     ///
@@ -325,7 +326,9 @@ impl<T: Recycle> RecyclingAllocator<T> {
         self.inner.trim_idle()
     }
 
-    /// Hands this thread's cached values to the depot and forgets this thread's cache.
+    /// Hands this thread's cached values to the depot and forgets this thread's cache. A
+    /// per-CPU allocator's values are the CPUs' (see
+    /// [`ClassAllocator::release_thread_cache`](crate::ClassAllocator::release_thread_cache)).
     ///
     /// ```
     /// # use proxalloc::{CacheMode, Config, Recycle, RecyclingAllocator};
@@ -500,7 +503,7 @@ impl<T: Recycle> RecyclingAllocator<T> {
     /// let mut s: OwnedRecycled<Scratch> = scratch.get_arc();
     /// s.0.push(1);
     /// assert_eq!(Arc::strong_count(&scratch), 2); // the handle holds the allocator
-    /// drop(s); // recycled into this thread's cache
+    /// drop(s); // recycled into this CPU's (or thread's) cache
     /// assert_eq!(Arc::strong_count(&scratch), 1);
     /// assert!(scratch.get_arc().0.is_empty());
     /// ```

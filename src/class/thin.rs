@@ -128,8 +128,9 @@ macro_rules! static_class {
 }
 
 /// An object of the `static` class allocator `C`, in one word: dropping it runs the
-/// object's destructor and recycles the memory into the dropping thread's cache, as
-/// [`ClassBox`] does. `Send`/`Sync` exactly when the object type is.
+/// object's destructor and recycles the memory into the cache nearest the dropping
+/// thread (its CPU's, or its own), as [`ClassBox`] does. `Send`/`Sync` exactly when the
+/// object type is.
 ///
 /// ```
 /// use proxalloc::{static_class, StaticClass, Thin};

@@ -39,7 +39,7 @@ const GAUGES: [Metric<Row>; 6] = [
         name: "proxalloc_thread_cached_objects",
         kind: Kind::Gauge,
         unit: Unit::Count,
-        help: "Free objects held in threads' caches.",
+        help: "Free objects held in threads' or CPUs' caches.",
         value: |r| r.stats.cached_in_threads,
     },
     Metric {
@@ -53,7 +53,7 @@ const GAUGES: [Metric<Row>; 6] = [
         name: "proxalloc_cached_bytes",
         kind: Kind::Gauge,
         unit: Unit::Bytes,
-        help: "Bytes of free objects cached in threads' caches and the depot.",
+        help: "Bytes of free objects cached in threads' or CPUs' caches and the depot.",
         value: |r| r.cached_bytes,
     },
     Metric {
@@ -215,9 +215,9 @@ fn set<R>(metric: &Metric<R>, v: u64, labels: &[(&'static str, &'static str)]) {
 /// | metric | kind | unit | value |
 /// | --- | --- | --- | --- |
 /// | `proxalloc_live_objects` | gauge | count | objects in users' hands |
-/// | `proxalloc_thread_cached_objects` | gauge | count | free objects in thread caches |
+/// | `proxalloc_thread_cached_objects` | gauge | count | free objects in thread or CPU caches |
 /// | `proxalloc_depot_cached_objects` | gauge | count | free objects in the depot |
-/// | `proxalloc_cached_bytes` | gauge | bytes | free objects cached (threads and depot) |
+/// | `proxalloc_cached_bytes` | gauge | bytes | free objects cached (threads or CPUs, and depot) |
 /// | `proxalloc_reserved_bytes` | gauge | bytes | held from the backing allocator |
 /// | `proxalloc_threads` | gauge | count | thread caches registered |
 /// | `proxalloc_allocs_total` | counter | count | objects handed out |

@@ -32,7 +32,7 @@ macro_rules! define_row {
             pub object_size: Option<usize>,
             /// Objects in users' hands.
             pub live: i64,
-            /// Free objects in thread caches.
+            /// Free objects in thread caches (or CPU caches).
             pub thread_cached: i64,
             /// Free objects in the depot.
             pub depot_cached: i64,
@@ -238,7 +238,7 @@ pub fn table_since(base: &Snapshot) -> Table {
 }
 
 /// Writes one row per allocator (name, object size, live objects (in users' hands only),
-/// objects cached in thread caches and in the depot, bytes reserved from the system,
+/// objects cached in thread or CPU caches and in the depot, bytes reserved from the system,
 /// allocations, frees, refills, spills, overflows (one column per counter), backing
 /// allocations) and a total row.
 ///

@@ -110,8 +110,10 @@ fn object_table<O: Object>() -> [(&'static str, Make); 14] {
                 run: Box::new(run),
             }
         }),
+        // The build's default mode: per-CPU caches with the library's `percpu` feature (on
+        // by default, and in this crate's dependency), per-thread caches without.
         ("proxalloc", |n| {
-            entry::<O, _>(n, false, true, Proxalloc::<O>::new(CacheMode::ThreadCaches))
+            entry::<O, _>(n, false, true, Proxalloc::<O>::new(CacheMode::default()))
         }),
         // Per-CPU caches (Linux rseq; per-thread caches where they cannot work).
         ("proxalloc-percpu", |n| {
@@ -246,9 +248,7 @@ fn mix_table<F: Objects>() -> [(&'static str, MakeMix); 13] {
         ("lower-bound", mix!(false, |N| leak(LowerBound))),
         (
             "proxalloc",
-            mix!(false, |N| Proxalloc::<F::Of<N>>::new(
-                CacheMode::ThreadCaches
-            )),
+            mix!(false, |N| Proxalloc::<F::Of<N>>::new(CacheMode::default())),
         ),
         (
             "proxalloc-percpu",

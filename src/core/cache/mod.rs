@@ -46,12 +46,14 @@ pub(crate) use pinned::Pinned;
 /// [`Hints::boxed_free`] find the boxed cache.
 ///
 /// A per-CPU allocator's hints carry the same two words, and in a third the address of
-/// its CPU caches ([`PerCpu::base`]), read only out of line: a thread with an rseq area
-/// never has a thread cache of it, so the inline lookup misses there and the front end's
-/// miss path runs the CPU's sequence ([`Hints::cpu_alloc`]); a thread without an area uses
-/// a thread cache, which the inline lookup serves as any allocator's. (Testing a flag in
-/// the hints instead, to skip the lookup, cost per-thread allocators' callers more than
-/// the lookup costs per-CPU ones: `docs/benchmarks.md#per-cpu-fast-path-placements`.)
+/// its CPU caches ([`PerCpu::base`]; 0 for other allocators). Which kind of cache the
+/// inline fast paths serve is the build's choice ([`rseq::PERCPU_FIRST`], the `percpu`
+/// feature): with it, [`Hints::alloc`] is the CPU's sequence ([`Hints::cpu_alloc`]) and
+/// the thread lookup runs in the front end's miss path ([`Hints::miss_alloc`]); without
+/// it, the other way round. A thread with an rseq area never has a thread cache of a
+/// per-CPU allocator; a thread without one uses a thread cache, which the thread lookup
+/// serves as any allocator's. (Both kinds inline, or a flag tested inline, cost the
+/// callers of either: `docs/benchmarks.md#per-cpu-fast-path-placements`.)
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Hints {
@@ -132,8 +134,9 @@ impl Hints {
         unsafe { sync::relaxed::load_u32_u64::<OFFSET, INSTANCE>(std::ptr::from_ref(self).cast()) }
     }
 
-    /// The fast path of an allocation: an object from this thread's loaded magazine, or
-    /// `None` (with nothing changed) when [`alloc`] must run. It makes no calls, so a
+    /// The fast path of an allocation: an object from this CPU's loaded magazine (with
+    /// [`rseq::PERCPU_FIRST`]) or this thread's, or `None` (with nothing changed) when
+    /// [`miss_alloc`](Self::miss_alloc), then [`alloc`], must run. It makes no calls, so a
     /// caller's value can be built straight into the object.
     #[inline(always)]
     pub(crate) fn alloc(&self) -> Option<NonNull<u8>> {
@@ -232,8 +235,8 @@ impl Hints {
         }
     }
 
-    /// A per-CPU allocator's fast path (the front end's miss path runs it first): an
-    /// object from this CPU's loaded magazine, or `None` (nothing changed; always for
+    /// A per-CPU allocator's fast path (inline with [`rseq::PERCPU_FIRST`], else in the
+    /// front end's miss path): an object from this CPU's loaded magazine, or `None` (nothing changed; always for
     /// other allocators) when the thread has no rseq area, has moved, or the magazine is
     /// empty.
     #[inline(always)]
@@ -263,11 +266,11 @@ impl Hints {
 /// magazine popped, or `None` (nothing changed) when the thread has no rseq area, has
 /// moved to another CPU, or the magazine is empty (see `rseq`).
 ///
-/// Run by the front end's `#[cold]` miss path, which the inline fast path reaches for a
-/// per-CPU allocator when its lookup finds no thread cache: inlined beside the
-/// per-thread lookup at every allocation site, the sequence made per-CPU operations as
-/// fast as per-thread ones but per-thread allocators' callers slower, since every caller
-/// then carried both paths (measured: `docs/benchmarks.md#per-cpu-fast-path-placements`).
+/// Inlined into every allocation site with [`rseq::PERCPU_FIRST`], else run by the front
+/// end's `#[cold]` miss path after the thread lookup: inlined beside the per-thread
+/// lookup at every site, the sequence made per-CPU operations as fast as per-thread ones
+/// but per-thread allocators' callers slower, since every caller then carried both paths
+/// (measured: `docs/benchmarks.md#per-cpu-fast-path-placements`), so the build picks one.
 #[inline(always)]
 fn cpu_pop(base: usize) -> Option<NonNull<u8>> {
     let t = rseq::thread();
