@@ -255,13 +255,16 @@ impl Config {
     /// and more memory held per thread (or CPU).
     ///
     /// ```
-    /// use proxalloc::{ClassAllocator, Config};
+    /// use proxalloc::{CacheMode, ClassAllocator, Config};
     /// // Out-of-range sizes are clamped, never rejected:
     /// assert_eq!(Config::new().magazine_size(0), Config::new().magazine_size(1));
-    /// static SMALL: ClassAllocator<u64> =
-    ///     ClassAllocator::with_config("doc-config-magazine", Config::new().magazine_size(4));
+    /// static SMALL: ClassAllocator<u64> = ClassAllocator::with_config(
+    ///     "doc-config-magazine",
+    ///     Config::new().mode(CacheMode::ThreadCaches).magazine_size(4),
+    /// );
     /// drop((0..20).map(|i| SMALL.alloc(i)).collect::<Vec<_>>());
-    /// // This CPU (or thread) keeps at most two magazines of 4; the rest went to the depot.
+    /// // This thread keeps at most two magazines of 4; the rest went to the depot. (A CPU
+    /// // keeps two too, but a thread may run on several CPUs meanwhile.)
     /// let s = SMALL.stats();
     /// assert!(s.cached_in_threads <= 8);
     /// assert_eq!(s.cached_in_threads + s.cached_in_depot, 20);

@@ -330,7 +330,10 @@ fn destroying_a_value_that_frees_into_the_same_allocator_loses_nothing() {
 #[test]
 fn trim_counts_what_the_flush_released() {
     let _serial = serial();
-    let a = ClassAllocator::<[u8; 64]>::with_config("trim-counts", Config::new().depot_bytes(0));
+    let a = ClassAllocator::<[u8; 64]>::with_config(
+        "trim-counts",
+        Config::new().mode(CacheMode::ThreadCaches).depot_bytes(0),
+    );
     drop((0..10).map(|_| a.alloc([0; 64])).collect::<Vec<_>>());
     assert_eq!(a.stats().cached_in_threads, 10);
     assert_eq!(a.trim(), 640);
@@ -376,6 +379,64 @@ fn trim_all_asks_other_threads_and_they_flush_at_their_next_slow_path() {
     assert_eq!(WIDE.stats().reserved_bytes(), 0);
     go_tx.send(()).unwrap();
     worker.join().unwrap();
+}
+
+/// The same with a per-CPU allocator's slow path as the only one the worker takes: with
+/// per-CPU caches the default, a thread's few thread caches (a block source's, say)
+/// would otherwise wait for one of their own slow paths to honour a `trim_all`. (Where
+/// per-CPU caches cannot work, the poke is a thread cache's slow path, as above.)
+#[test]
+fn a_per_cpu_slow_path_honours_flush_requests_for_thread_caches() {
+    static WIDE: ClassAllocator<[u8; 256]> = ClassAllocator::with_config(
+        "trim-all-wide-2",
+        Config::new().mode(CacheMode::ThreadCaches),
+    );
+    static POKE: ClassAllocator<u64> = ClassAllocator::with_config(
+        "trim-all-poke-cpu",
+        Config::new().mode(CacheMode::PerCpu).magazine_size(1),
+    );
+    let _serial = serial();
+    let (cached_tx, cached_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let fill = || drop((0..100).map(|_| WIDE.alloc([1; 256])).collect::<Vec<_>>());
+    let worker = std::thread::spawn(move || {
+        fill();
+        cached_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+        // A fresh per-CPU allocator's first allocations: its CPU's cache is empty, so
+        // they take per-CPU slow paths (the only slow paths this thread takes here).
+        let held: Vec<_> = (0..3).map(|i| POKE.alloc(i)).collect();
+        cached_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+        fill();
+        cached_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+        // Three frees into magazines of one: per-CPU slow paths of the free side.
+        drop(held);
+        cached_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+    });
+    for side in ["allocation", "free"] {
+        cached_rx.recv().unwrap();
+        assert!(WIDE.stats().cached_in_threads >= 32);
+        proxalloc::trim_all();
+        assert!(
+            WIDE.stats().cached_in_threads > 0,
+            "the worker's cache is its own"
+        );
+        go_tx.send(()).unwrap();
+        cached_rx.recv().unwrap();
+        let after = WIDE.stats();
+        assert_eq!(
+            after.cached_in_threads, 0,
+            "a per-CPU slow path ({side}) did not honour the flush request: {after}"
+        );
+        assert!(after.cached_in_depot > 0, "flushed into the depot: {after}");
+        go_tx.send(()).unwrap();
+    }
+    worker.join().unwrap();
+    proxalloc::trim_all();
+    assert_eq!(WIDE.stats().reserved_bytes(), 0);
 }
 
 /// A destructor run by an eviction retires this thread's cache and registers the allocator
@@ -424,7 +485,9 @@ fn trim_all_and_stats_beside_an_owner_with_boxed_caches() {
     let _serial = serial();
     let rounds = if cfg!(miri) { 1 } else { 200 };
     let all: Vec<ClassAllocator<u64>> = (0..48)
-        .map(|_| ClassAllocator::new("boxed-admin"))
+        .map(|_| {
+            ClassAllocator::with_config("boxed-admin", Config::new().mode(CacheMode::ThreadCaches))
+        })
         .collect();
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {

@@ -56,7 +56,8 @@ fn single_thread_accounting_is_exact() {
 
 #[test]
 fn freed_objects_are_reused_lifo() {
-    let a = ClassAllocator::<u64>::new("lifo");
+    // Per-thread caches: a CPU's cache is LIFO too, but the thread may move between CPUs.
+    let a = ClassAllocator::<u64>::with_config("lifo", Config::new().mode(CacheMode::ThreadCaches));
     let p = ClassBox::as_ptr(&a.alloc(1));
     let q = ClassBox::as_ptr(&a.alloc(2));
     assert_eq!(p, q, "the object just freed is handed out next");

@@ -173,8 +173,13 @@ const SLOTS: Layout = match Layout::from_size_align(MAG * 8, 8) {
     Err(_) => panic!(),
 };
 
+/// Per-thread caches by name: registration, sweeps and stale caches are what these tests
+/// fail (a default build's default, per-CPU caches, registers none).
 fn config() -> Config {
-    Config::new().magazine_size(MAG).depot_bytes(64 << 10)
+    Config::new()
+        .mode(CacheMode::ThreadCaches)
+        .magazine_size(MAG)
+        .depot_bytes(64 << 10)
 }
 
 /// Tests share the object counters: one at a time.

@@ -1,7 +1,7 @@
 //! Deterministic reproducers of what the randomized runs (the stress run, fault
 //! injection, the state machine) found, one test each; each failed before its fix.
 
-use proxalloc::{ClassAllocator, ClassBox, Config, Pool, Recycle, RecyclingAllocator};
+use proxalloc::{CacheMode, ClassAllocator, ClassBox, Config, Pool, Recycle, RecyclingAllocator};
 
 #[path = "common/net_bytes.rs"]
 mod net_bytes;
@@ -106,7 +106,12 @@ fn panicking_pool_cleanups_leak_nothing() {
 fn an_object_freed_after_a_trim_stays_in_the_thread_cache() {
     static A: ClassAllocator<[u64; 8]> = ClassAllocator::with_config(
         "found-trim-then-free",
-        Config::new().magazine_size(4).depot_bytes(0),
+        // Per-thread caches: the thread may move to another CPU between the free and
+        // the allocation.
+        Config::new()
+            .mode(CacheMode::ThreadCaches)
+            .magazine_size(4)
+            .depot_bytes(0),
     );
     let x = A.alloc([1; 8]);
     let addr = ClassBox::as_ptr(&x);

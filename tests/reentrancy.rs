@@ -154,7 +154,8 @@ fn percpu_recycling_reentrant_trim() {
     assert_eq!(PCR_CREATED.load(SeqCst), PCR_DROPPED.load(SeqCst));
 }
 
-static TX_PLAIN: ClassAllocator<[u8; 48]> = ClassAllocator::new("adv-tx-plain");
+static TX_PLAIN: ClassAllocator<[u8; 48]> =
+    ClassAllocator::with_config("adv-tx-plain", Config::new().mode(CacheMode::ThreadCaches));
 static TX_CAP: ClassAllocator<[u8; 48]> =
     ClassAllocator::with_config("adv-tx-cap", Config::new().max_live(8));
 static TX_PC: ClassAllocator<[u8; 48]> =

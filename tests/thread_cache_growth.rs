@@ -62,7 +62,12 @@ fn a_batchy_thread_stops_going_to_the_depot() {
 fn a_thread_without_budget_keeps_two_magazines() {
     let _s = serial();
     proxalloc::set_thread_cache_budget(0);
-    let a = ClassAllocator::<[u64; 8]>::with_config("growth-none", Config::new().magazine_size(16));
+    let a = ClassAllocator::<[u64; 8]>::with_config(
+        "growth-none",
+        Config::new()
+            .mode(CacheMode::ThreadCaches)
+            .magazine_size(16),
+    );
     for _ in 0..5 {
         batch(&a, 256);
     }
@@ -83,6 +88,7 @@ fn growth_is_bounded_per_thread_by_the_config() {
     let a = ClassAllocator::<[u64; 8]>::with_config(
         "growth-capped",
         Config::new()
+            .mode(CacheMode::ThreadCaches)
             .magazine_size(16)
             .thread_cache_growth_bytes(4 * 16 * 64),
     );

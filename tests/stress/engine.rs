@@ -588,9 +588,12 @@ static PLAIN: ClassAllocator<Val<40>> = ClassAllocator::with_config(
         .depot_bytes(512)
         .thread_cache_growth_bytes(1024),
 );
+// Per-thread caches by name where a stash's growth is part of what is stressed (the
+// default build's default is per-CPU caches, which `PLAIN` and `RECYCLED` cover).
 static SMALL: ClassAllocator<Val<8>> = ClassAllocator::with_config(
     "stress-small",
     Config::new()
+        .mode(CacheMode::ThreadCaches)
         .magazine_size(1)
         .depot_bytes(0)
         .thread_cache_growth_bytes(96),
@@ -606,6 +609,7 @@ static CAPPED: ClassAllocator<Val<16>> = ClassAllocator::with_config(
 static ZSTS: ClassAllocator<Zst> = ClassAllocator::with_config(
     "stress-zst",
     Config::new()
+        .mode(CacheMode::ThreadCaches)
         .magazine_size(4)
         .depot_bytes(0)
         .thread_cache_growth_bytes(64),
@@ -614,7 +618,7 @@ static SHARED: ClassAllocator<Val<32>> = ClassAllocator::with_config(
     "stress-depot-only",
     Config::new().mode(CacheMode::DepotOnly).depot_bytes(640),
 );
-static_class!(ThinVals: Val<24> = "stress-thin", Config::new().magazine_size(2).depot_bytes(96).thread_cache_growth_bytes(512));
+static_class!(ThinVals: Val<24> = "stress-thin", Config::new().mode(CacheMode::ThreadCaches).magazine_size(2).depot_bytes(96).thread_cache_growth_bytes(512));
 static RECYCLED: RecyclingAllocator<Rv> = RecyclingAllocator::with_config(
     "stress-recycled",
     Config::new()
@@ -657,6 +661,9 @@ fn rt_config(rng: &mut Rng) -> (Config, Option<usize>) {
         c = c.mode(CacheMode::DepotOnly);
     } else if rng.per_mille(300) {
         c = c.mode(CacheMode::PerCpu);
+    } else if rng.per_mille(500) {
+        // By name: the other branch is the build's default, per-CPU in a default build.
+        c = c.mode(CacheMode::ThreadCaches);
     }
     let cap = rng.per_mille(250).then(|| 1 + rng.below(12));
     if let Some(cap) = cap {

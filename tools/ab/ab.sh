@@ -23,7 +23,7 @@ set -euo pipefail
 shopt -s inherit_errexit
 
 usage() {
-    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 fail() {

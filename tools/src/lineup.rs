@@ -11,10 +11,11 @@ use super::workloads::{
 
 /// The peer suite (`peers`, `peers_interleaved`): every contender but `proxalloc-local`
 /// (whose cache is one thread's), the floor first.
-pub const PEER_SUITE: [&str; 13] = [
+pub const PEER_SUITE: [&str; 14] = [
     "lower-bound",
     "proxalloc",
     "proxalloc-percpu",
+    "proxalloc-threads",
     "proxalloc-depot-only",
     "proxalloc-one-word",
     "proxalloc-bypass",
@@ -90,7 +91,7 @@ where
 type Make = fn(&'static str) -> Entry;
 
 /// Every object contender for objects of type `O`: its name and how to build it.
-fn object_table<O: Object>() -> [(&'static str, Make); 14] {
+fn object_table<O: Object>() -> [(&'static str, Make); 15] {
     [
         // The thread-local stack has no shared level (a remote free would strand memory
         // on the freeing thread), so W4 gets its own floor: a ring of slots.
@@ -118,6 +119,10 @@ fn object_table<O: Object>() -> [(&'static str, Make); 14] {
         // Per-CPU caches (Linux rseq; per-thread caches where they cannot work).
         ("proxalloc-percpu", |n| {
             entry::<O, _>(n, false, true, Proxalloc::<O>::new(CacheMode::PerCpu))
+        }),
+        // Per-thread caches by name (behind the call in a default build).
+        ("proxalloc-threads", |n| {
+            entry::<O, _>(n, false, true, Proxalloc::<O>::new(CacheMode::ThreadCaches))
         }),
         ("proxalloc-local", |n| {
             let p = Proxalloc::<O>::new(CacheMode::ThreadCaches);
@@ -207,7 +212,7 @@ type MakeMix = fn(&'static str) -> MixEntry;
 /// which measure RSS and never use them
 /// (`docs/benchmarks.md#peers-kept-out-of-the-rss-tools`).
 #[inline]
-fn mix_table<F: Objects>() -> [(&'static str, MakeMix); 13] {
+fn mix_table<F: Objects>() -> [(&'static str, MakeMix); 14] {
     // `$make` builds the allocator for `$n`-byte objects; contenders that serve every
     // size with one value (`leak(SystemBox)`) do not name `$n`, hence the `allow`.
     macro_rules! mix {
@@ -253,6 +258,10 @@ fn mix_table<F: Objects>() -> [(&'static str, MakeMix); 13] {
         (
             "proxalloc-percpu",
             mix!(false, |N| Proxalloc::<F::Of<N>>::new(CacheMode::PerCpu)),
+        ),
+        (
+            "proxalloc-threads",
+            mix!(false, |N| Proxalloc::<F::Of<N>>::new(CacheMode::ThreadCaches)),
         ),
         (
             "proxalloc-one-word",

@@ -9,6 +9,12 @@ fn indices() -> std::sync::MutexGuard<'static, ()> {
     INDICES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Per-thread caches by name: these tests check the thread table's lookups, which a
+/// default build's per-CPU allocators do not use on a thread with an rseq area.
+fn thread_caches() -> crate::Config {
+    crate::Config::new().mode(crate::CacheMode::ThreadCaches)
+}
+
 /// The fast paths find the cache through the hints alone: once set, they read as the
 /// engine's own numbers (a wrong offset or a dirty upper half would send every
 /// operation to the slow path, which no other test notices), an inline index is
@@ -32,10 +38,7 @@ fn the_fast_paths_read_the_engines_numbers_from_the_hints() {
         || !all.iter().any(far)
     {
         assert!(all.len() < 4096, "no inline index came free");
-        let a = ClassAllocator::<u64>::with_config(
-            "hints-read",
-            crate::Config::new().mode(crate::CacheMode::ThreadCaches),
-        );
+        let a = ClassAllocator::<u64>::with_config("hints-read", thread_caches());
         drop(a.alloc(1));
         all.push(a);
     }
@@ -97,7 +100,7 @@ fn a_reused_boxed_index_is_not_served_from_the_old_allocators_cache() {
     // Allocators in use until a new one's index is boxed.
     let mut filler = Vec::new();
     let old = loop {
-        let a = ClassAllocator::<u64>::new("reuse-old");
+        let a = ClassAllocator::<u64>::with_config("reuse-old", thread_caches());
         drop(a.alloc(0));
         if inline_offset(index(&a)).is_none() {
             break a;
@@ -125,7 +128,7 @@ fn a_reused_boxed_index_is_not_served_from_the_old_allocators_cache() {
     // Indices are reused last freed first; another test may take this one first.
     let mut made = Vec::new();
     let new = loop {
-        let a = ClassAllocator::<u64>::new("reuse-new");
+        let a = ClassAllocator::<u64>::with_config("reuse-new", thread_caches());
         let _ = a.engine();
         if index(&a) == old_index || made.len() == 64 {
             break a;

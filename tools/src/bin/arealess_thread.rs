@@ -21,7 +21,10 @@ type Object = [u64; 8];
 
 static CPU: ClassAllocator<Object> =
     ClassAllocator::with_config("arealess-percpu", Config::new().mode(CacheMode::PerCpu));
-static THREAD: ClassAllocator<Object> = ClassAllocator::new("arealess-thread-caches");
+static THREAD: ClassAllocator<Object> = ClassAllocator::with_config(
+    "arealess-thread-caches",
+    Config::new().mode(CacheMode::ThreadCaches),
+);
 
 const CHILD: &str = "PROXALLOC_AREALESS_CHILD";
 const PAIRS: u64 = 200_000;

@@ -21,7 +21,10 @@ use std::sync::Arc;
 
 use proxalloc::{CacheMode, ClassAllocator, Config, LocalCache};
 
-static OBJS: ClassAllocator<[u64; 8]> = ClassAllocator::new("pair-loop");
+// Per-thread caches by name, as the counts were always taken (the default build's default
+// is per-CPU caches: `percpu_pair`).
+static OBJS: ClassAllocator<[u64; 8]> =
+    ClassAllocator::with_config("pair-loop", Config::new().mode(CacheMode::ThreadCaches));
 static CPU_OBJS: ClassAllocator<[u64; 8]> =
     ClassAllocator::with_config("pair-loop-percpu", Config::new().mode(CacheMode::PerCpu));
 

@@ -1,5 +1,5 @@
 //! The showdown (`examples/showdown/`) with jemalloc as a third global allocator: the
-//! same program, whose comparison then has rows for proxalloc's thread caches over
+//! same program, whose comparison then has rows for proxalloc's default mode over
 //! jemalloc and for jemalloc alone. It lives here, with the other peers, because
 //! jemalloc's C build takes minutes on a small machine and the example is the README's
 //! first command.

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use proxalloc::ClassAllocator;
+use proxalloc::{CacheMode, ClassAllocator, Config};
 use proxalloc_tools::rss::{fresh_process, rss_kib};
 use proxalloc_tools::runner::header;
 
@@ -26,7 +26,12 @@ const ROUND: usize = 1024;
 const PERIOD: Duration = Duration::from_millis(10);
 const RUN: Duration = Duration::from_secs(2);
 
-static OBJECTS: ClassAllocator<[u64; 8]> = ClassAllocator::new("trim-idle-objects");
+// Per-thread caches, as measured in docs/benchmarks.md (idle threads' stashes are what
+// `trim_idle` takes from them).
+static OBJECTS: ClassAllocator<[u64; 8]> = ClassAllocator::with_config(
+    "trim-idle-objects",
+    Config::new().mode(CacheMode::ThreadCaches),
+);
 
 /// (rounds of the busy threads, objects taken from the system while the trims ran,
 /// bytes the allocator holds at the end, RSS at the end in KiB).
