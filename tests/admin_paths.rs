@@ -341,7 +341,52 @@ fn trim_counts_what_the_flush_released() {
 }
 
 /// `trim_all` reaches other threads' caches: it asks, and each owner flushes at its next
-/// slow path (here: after a `with_local` call, and after a slow path on any allocator).
+/// slow path, on any allocator. A worker fills its thread cache of `wide`, then for each
+/// of `steps`: `trim_all` runs, the worker runs `poke(step)` (its only slow paths), and
+/// the worker's cache must have been flushed to the depot.
+fn flush_requests_are_honoured_by(
+    wide: &'static ClassAllocator<[u8; 256]>,
+    steps: &[&'static str],
+    mut poke: impl FnMut(usize) + Send + 'static,
+) {
+    let _serial = serial();
+    let (cached_tx, cached_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let n = steps.len();
+    let worker = std::thread::spawn(move || {
+        for step in 0..n {
+            drop((0..100).map(|_| wide.alloc([1; 256])).collect::<Vec<_>>());
+            cached_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            poke(step);
+            cached_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+        }
+    });
+    for step in steps {
+        cached_rx.recv().unwrap();
+        let before = wide.stats();
+        assert!(before.cached_in_threads >= 32, "{before}");
+        proxalloc::trim_all();
+        assert!(
+            wide.stats().cached_in_threads > 0,
+            "the worker's cache is its own"
+        );
+        go_tx.send(()).unwrap();
+        cached_rx.recv().unwrap();
+        let after = wide.stats();
+        assert_eq!(
+            after.cached_in_threads, 0,
+            "{step} did not honour the flush request: {after}"
+        );
+        assert!(after.cached_in_depot > 0, "flushed into the depot: {after}");
+        go_tx.send(()).unwrap();
+    }
+    worker.join().unwrap();
+    proxalloc::trim_all();
+    assert_eq!(wide.stats().reserved_bytes(), 0);
+}
+
 #[test]
 fn trim_all_asks_other_threads_and_they_flush_at_their_next_slow_path() {
     static WIDE: ClassAllocator<[u8; 256]> =
@@ -350,41 +395,16 @@ fn trim_all_asks_other_threads_and_they_flush_at_their_next_slow_path() {
         "trim-all-poke",
         Config::new().mode(CacheMode::ThreadCaches).magazine_size(1),
     );
-    let _serial = serial();
-    let (cached_tx, cached_rx) = mpsc::channel();
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let worker = std::thread::spawn(move || {
-        drop((0..100).map(|_| WIDE.alloc([1; 256])).collect::<Vec<_>>());
-        cached_tx.send(()).unwrap();
-        go_rx.recv().unwrap();
-        // Any slow path honours the request: a fresh allocator's first use is one.
-        drop(POKE.alloc(1));
-        cached_tx.send(()).unwrap();
-        go_rx.recv().unwrap();
+    // A fresh allocator's first use is a slow path.
+    flush_requests_are_honoured_by(&WIDE, &["a thread cache's slow path"], |_| {
+        drop(POKE.alloc(1))
     });
-    cached_rx.recv().unwrap();
-    let before = WIDE.stats();
-    assert!(before.cached_in_threads >= 32, "{before}");
-    proxalloc::trim_all();
-    assert!(
-        WIDE.stats().cached_in_threads > 0,
-        "the worker's cache is its own"
-    );
-    go_tx.send(()).unwrap();
-    cached_rx.recv().unwrap();
-    let after = WIDE.stats();
-    assert_eq!(after.cached_in_threads, 0, "{after}");
-    assert!(after.cached_in_depot > 0, "flushed into the depot: {after}");
-    proxalloc::trim_all();
-    assert_eq!(WIDE.stats().reserved_bytes(), 0);
-    go_tx.send(()).unwrap();
-    worker.join().unwrap();
 }
 
-/// The same with a per-CPU allocator's slow path as the only one the worker takes: with
+/// The same with a per-CPU allocator's slow paths as the only ones the worker takes: with
 /// per-CPU caches the default, a thread's few thread caches (a block source's, say)
 /// would otherwise wait for one of their own slow paths to honour a `trim_all`. (Where
-/// per-CPU caches cannot work, the poke is a thread cache's slow path, as above.)
+/// per-CPU caches cannot work, the pokes are a thread cache's slow paths.)
 #[test]
 fn a_per_cpu_slow_path_honours_flush_requests_for_thread_caches() {
     static WIDE: ClassAllocator<[u8; 256]> = ClassAllocator::with_config(
@@ -395,48 +415,23 @@ fn a_per_cpu_slow_path_honours_flush_requests_for_thread_caches() {
         "trim-all-poke-cpu",
         Config::new().mode(CacheMode::PerCpu).magazine_size(1),
     );
-    let _serial = serial();
-    let (cached_tx, cached_rx) = mpsc::channel();
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let fill = || drop((0..100).map(|_| WIDE.alloc([1; 256])).collect::<Vec<_>>());
-    let worker = std::thread::spawn(move || {
-        fill();
-        cached_tx.send(()).unwrap();
-        go_rx.recv().unwrap();
-        // A fresh per-CPU allocator's first allocations: its CPU's cache is empty, so
-        // they take per-CPU slow paths (the only slow paths this thread takes here).
-        let held: Vec<_> = (0..3).map(|i| POKE.alloc(i)).collect();
-        cached_tx.send(()).unwrap();
-        go_rx.recv().unwrap();
-        fill();
-        cached_tx.send(()).unwrap();
-        go_rx.recv().unwrap();
-        // Three frees into magazines of one: per-CPU slow paths of the free side.
-        drop(held);
-        cached_tx.send(()).unwrap();
-        go_rx.recv().unwrap();
-    });
-    for side in ["allocation", "free"] {
-        cached_rx.recv().unwrap();
-        assert!(WIDE.stats().cached_in_threads >= 32);
-        proxalloc::trim_all();
-        assert!(
-            WIDE.stats().cached_in_threads > 0,
-            "the worker's cache is its own"
-        );
-        go_tx.send(()).unwrap();
-        cached_rx.recv().unwrap();
-        let after = WIDE.stats();
-        assert_eq!(
-            after.cached_in_threads, 0,
-            "a per-CPU slow path ({side}) did not honour the flush request: {after}"
-        );
-        assert!(after.cached_in_depot > 0, "flushed into the depot: {after}");
-        go_tx.send(()).unwrap();
-    }
-    worker.join().unwrap();
-    proxalloc::trim_all();
-    assert_eq!(WIDE.stats().reserved_bytes(), 0);
+    let mut held = Vec::new();
+    flush_requests_are_honoured_by(
+        &WIDE,
+        &[
+            "a per-CPU allocation's slow path",
+            "a per-CPU free's slow path",
+        ],
+        move |step| {
+            if step == 0 {
+                // A fresh per-CPU allocator: its CPU's cache is empty.
+                held = (0..3).map(|i| POKE.alloc(i)).collect();
+            } else {
+                // Three frees into magazines of one.
+                held.clear();
+            }
+        },
+    );
 }
 
 /// A destructor run by an eviction retires this thread's cache and registers the allocator

@@ -261,7 +261,9 @@ fn mix_table<F: Objects>() -> [(&'static str, MakeMix); 14] {
         ),
         (
             "proxalloc-threads",
-            mix!(false, |N| Proxalloc::<F::Of<N>>::new(CacheMode::ThreadCaches)),
+            mix!(false, |N| Proxalloc::<F::Of<N>>::new(
+                CacheMode::ThreadCaches
+            )),
         ),
         (
             "proxalloc-one-word",
