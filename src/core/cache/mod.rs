@@ -184,8 +184,9 @@ impl Hints {
         }
     }
 
-    /// The fast path of a free: `p` into this thread's loaded magazine; false (with
-    /// nothing changed) when [`free`] must run.
+    /// The fast path of a free: `p` into this CPU's loaded magazine (with
+    /// [`rseq::PERCPU_FIRST`]) or this thread's; false (with nothing changed) when
+    /// [`miss_free`](Self::miss_free), then [`free`], must run.
     ///
     /// # Safety
     /// `p` is an object of the hints' engine that nobody uses any more.
@@ -236,9 +237,9 @@ impl Hints {
     }
 
     /// A per-CPU allocator's fast path (inline with [`rseq::PERCPU_FIRST`], else in the
-    /// front end's miss path): an object from this CPU's loaded magazine, or `None` (nothing changed; always for
-    /// other allocators) when the thread has no rseq area, has moved, or the magazine is
-    /// empty.
+    /// front end's miss path): an object from this CPU's loaded magazine, or `None`
+    /// (nothing changed; always for other allocators) when the thread has no rseq area,
+    /// has moved, or the magazine is empty.
     #[inline(always)]
     pub(crate) fn cpu_alloc(&self) -> Option<NonNull<u8>> {
         match self.cpus() {
