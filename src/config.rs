@@ -61,10 +61,24 @@ pub enum CacheMode {
     Bypass,
 }
 
+/// Whether the inline fast paths are the per-CPU sequences, with the thread caches'
+/// lookup out of line, and `PerCpu` the default mode (the `percpu` feature, where
+/// restartable sequences are compiled: the condition of `core::rseq`'s `with_rseq!`,
+/// which checks that the two agree), rather than the other way round: one kind of
+/// cache is inlined into every allocation site, since carrying both costs the callers of
+/// either (`docs/benchmarks.md`).
+pub(crate) const PERCPU_FIRST: bool = cfg!(all(
+    feature = "percpu",
+    target_os = "linux",
+    target_arch = "x86_64",
+    not(miri),
+    not(proxalloc_loom)
+));
+
 impl CacheMode {
     /// The default mode: [`PerCpu`](CacheMode::PerCpu) where the `percpu` feature
     /// inlines its fast path, else [`ThreadCaches`](CacheMode::ThreadCaches).
-    pub(crate) const DEFAULT: CacheMode = if crate::core::rseq::PERCPU_FIRST {
+    pub(crate) const DEFAULT: CacheMode = if PERCPU_FIRST {
         CacheMode::PerCpu
     } else {
         CacheMode::ThreadCaches

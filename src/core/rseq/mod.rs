@@ -116,7 +116,9 @@ impl std::fmt::Display for FenceFailed {
 
 /// Items compiled where restartable sequences are used: Linux on x86-64, not under Miri
 /// (which cannot run the assembly) or loom (which cannot model it). The one place that
-/// condition is written; `without_rseq!` is its complement.
+/// condition is written for items; `without_rseq!` is its complement, and
+/// `config::PERCPU_FIRST` (a value the config needs, below this module) is checked
+/// against it here.
 macro_rules! with_rseq {
     ($($item:item)*) => {
         $(
@@ -131,18 +133,6 @@ macro_rules! with_rseq {
     };
 }
 pub(crate) use with_rseq;
-
-/// Whether the inline fast paths are the per-CPU sequences, with the thread caches'
-/// lookup out of line (the `percpu` feature, where rseq is compiled), rather than the
-/// other way round: one kind of cache is inlined into every allocation site, since
-/// carrying both costs the callers of either (`docs/benchmarks.md`).
-pub(crate) const PERCPU_FIRST: bool = cfg!(all(
-    feature = "percpu",
-    target_os = "linux",
-    target_arch = "x86_64",
-    not(miri),
-    not(proxalloc_loom)
-));
 
 /// Items compiled where [`with_rseq`]'s are not.
 macro_rules! without_rseq {
@@ -160,6 +150,10 @@ macro_rules! without_rseq {
 }
 
 with_rseq! {
+    // `config::PERCPU_FIRST` writes this module's condition again, beside the feature:
+    // here the two agree on the feature alone.
+    const _: () = assert!(crate::config::PERCPU_FIRST == cfg!(feature = "percpu"));
+
     mod platform {
         pub(crate) mod area;
         pub(crate) mod fence;
@@ -264,6 +258,10 @@ without_rseq! {
     }
 
     pub(crate) use unsupported::*;
+
+    // Where rseq is not compiled, nothing may put the per-CPU sequences first (see
+    // `config::PERCPU_FIRST`).
+    const _: () = assert!(!crate::config::PERCPU_FIRST);
 }
 
 with_rseq! {

@@ -190,9 +190,12 @@ fn churn(threads: usize, ops: u64, hop: u64, delay: u32) -> u64 {
     assert!(s.is_consistent(), "{s}");
     assert_eq!(s.live, 0, "{s}");
     let cached = s.cached_in_threads + s.cached_in_depot;
+    // Two magazines a CPU, and the spare magazine that slow paths use while their CPU's
+    // cache is busy (more often the busier the machine: a run beside other builds once
+    // ended with it holding objects).
     assert!(
-        s.cached_in_threads <= 2 * 8 * rseq_cpus(),
-        "at most two magazines a CPU: {s}"
+        s.cached_in_threads <= 2 * 8 * rseq_cpus() + 8,
+        "at most two magazines a CPU and the spare: {s}"
     );
     // Reclaimed from this thread, which used no CPU cache of its own.
     let released = a.trim();
