@@ -145,11 +145,12 @@ impl Hints {
     /// when [`alloc`] must run.
     #[inline(always)]
     pub(crate) fn miss_alloc(&self) -> Option<NonNull<u8>> {
-        if PERCPU_FIRST {
-            self.thread_alloc().or_else(|| self.boxed_alloc())
+        let other = if PERCPU_FIRST {
+            self.thread_alloc()
         } else {
-            self.cpu_alloc().or_else(|| self.boxed_alloc())
-        }
+            self.cpu_alloc()
+        };
+        other.or_else(|| self.boxed_alloc())
     }
 
     /// The free of [`miss_alloc`](Self::miss_alloc): false (nothing changed) when [`free`]
@@ -161,11 +162,12 @@ impl Hints {
     pub(crate) unsafe fn miss_free(&self, p: NonNull<u8>) -> bool {
         // SAFETY: forwarded.
         unsafe {
-            if PERCPU_FIRST {
-                self.thread_free(p) || self.boxed_free(p)
+            let other = if PERCPU_FIRST {
+                self.thread_free(p)
             } else {
-                self.cpu_free(p) || self.boxed_free(p)
-            }
+                self.cpu_free(p)
+            };
+            other || self.boxed_free(p)
         }
     }
 
