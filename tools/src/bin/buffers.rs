@@ -8,13 +8,21 @@
 //!   a 256-slot queue to the other, which drops it (ns per buffer; hyper's pattern of a
 //!   body written by one task and sent by another).
 //!
+//! The contenders:
+//! - `BytesMut`, under each global allocator;
+//! - `PooledBuf`, from a `BufferAllocator::new()` (per-CPU caches in the default build,
+//!   per-thread caches without the `percpu` feature);
+//! - `PooledBuf-threads`, the same classes with per-thread caches by name;
+//! - `slot`: a 2 KiB object of a plain class allocator, filled and frozen through
+//!   `Bytes::from_owner` (what any pool on this engine pays: the rest is `PooledBuf`'s
+//!   own);
 //! - `floor`: what no pool can avoid: the fill into one reused buffer, and, frozen, the
 //!   `Bytes::from_owner` box and reference counts over a static slice.
 //!
 //! A buffer's global allocator is the process's, chosen before its first allocation
 //! (the showdown's `Global`), so the parent runs one child process per global allocator
 //! and round, interleaved: round 1 glibc, mimalloc, jemalloc, round 2 again... Each child
-//! runs both contenders (`BytesMut`, `PooledBuf`) alternately, `reps` samples each, and
+//! runs every contender alternately, `reps` samples each, and
 //! prints its best sample (one thread) or its median (two threads); the parent reports
 //! the minimum over rounds (one thread) and the median over rounds (two threads), and
 //! every contender's ratio to the best `BytesMut`.
@@ -36,16 +44,27 @@ use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use crossbeam_queue::ArrayQueue;
-use proxalloc::{BufferAllocator, PooledBuf};
+use proxalloc::{BufferAllocator, CacheMode, ClassAllocator, ClassBox, Config, PooledBuf};
 
 #[global_allocator]
 static GLOBAL: global::Global<tikv_jemallocator::Jemalloc> =
     global::Global::new(Some(tikv_jemallocator::Jemalloc));
 
 static BUFS: BufferAllocator = BufferAllocator::new();
+/// The same classes with per-thread caches by name: in the default build (per-CPU caches
+/// first) the mode a `BufferAllocator::new()` does not use, measured beside it in every
+/// child so the two modes are compared in one interleaved run.
+static BUFS_THREADS: BufferAllocator =
+    BufferAllocator::with_config(Config::new().mode(CacheMode::ThreadCaches));
 
 const SIZE: usize = 2048;
-const CONTENDERS: [&str; 3] = ["BytesMut", "PooledBuf", "floor"];
+const CONTENDERS: [&str; 5] = [
+    "BytesMut",
+    "PooledBuf",
+    "PooledBuf-threads",
+    "slot",
+    "floor",
+];
 const WORKLOADS: [&str; 3] = ["lifecycle", "reuse", "handoff"];
 
 /// What one contender does: take a buffer of `SIZE`, fill it, and either drop it or
@@ -78,6 +97,57 @@ impl Contender for PooledBuf {
     #[inline(always)]
     fn freeze(self) -> Bytes {
         PooledBuf::freeze(self)
+    }
+}
+
+/// A [`PooledBuf`] of [`BUFS_THREADS`] (per-thread caches).
+struct ThreadsBuf(PooledBuf);
+
+impl Contender for ThreadsBuf {
+    #[inline(always)]
+    fn filled(src: &[u8]) -> Self {
+        let mut b = BUFS_THREADS.alloc(SIZE);
+        b.put_slice(src);
+        ThreadsBuf(b)
+    }
+    #[inline(always)]
+    fn freeze(self) -> Bytes {
+        self.0.freeze()
+    }
+}
+
+/// A 2 KiB object of a plain class allocator (the engine under the 2 KiB buffer class,
+/// without `PooledBuf`'s handle: no length, class or source to carry), filled with a
+/// copy, frozen through `Bytes::from_owner`: what any pool on this engine pays, so the
+/// distance to `PooledBuf` is the buffer type's own cost.
+#[repr(C, align(64))]
+struct Slot([u8; SIZE]);
+
+static SLOTS: ClassAllocator<Slot> = ClassAllocator::new("buffers-bench-slot");
+
+struct SlotBuf(ClassBox<'static, Slot>);
+
+impl AsRef<[u8]> for SlotBuf {
+    fn as_ref(&self) -> &[u8] {
+        &self.0 .0
+    }
+}
+
+impl Contender for SlotBuf {
+    #[inline(always)]
+    fn filled(src: &[u8]) -> Self {
+        assert_eq!(src.len(), SIZE, "a slot is filled whole");
+        // SAFETY: the closure initialises all of `Slot`'s bytes: `src` is `SIZE` long,
+        // and a slot's memory cannot overlap the caller's slice.
+        SlotBuf(unsafe {
+            SLOTS.alloc_in_place(|m| {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), m.as_mut_ptr().cast::<u8>(), SIZE)
+            })
+        })
+    }
+    #[inline(always)]
+    fn freeze(self) -> Bytes {
+        Bytes::from_owner(self)
     }
 }
 
@@ -165,13 +235,20 @@ fn run_one(workload: &str, contender: &str, n: u64, src: &[u8]) -> f64 {
     match (workload, contender) {
         ("lifecycle", "BytesMut") => lifecycle::<BytesMut>(n, src),
         ("lifecycle", "PooledBuf") => lifecycle::<PooledBuf>(n, src),
-        ("lifecycle", _) => lifecycle::<Floor>(n, src),
+        ("lifecycle", "PooledBuf-threads") => lifecycle::<ThreadsBuf>(n, src),
+        ("lifecycle", "slot") => lifecycle::<SlotBuf>(n, src),
+        ("lifecycle", "floor") => lifecycle::<Floor>(n, src),
         ("reuse", "BytesMut") => reuse::<BytesMut>(n, src),
         ("reuse", "PooledBuf") => reuse::<PooledBuf>(n, src),
-        ("reuse", _) => reuse::<Floor>(n, src),
+        ("reuse", "PooledBuf-threads") => reuse::<ThreadsBuf>(n, src),
+        ("reuse", "slot") => reuse::<SlotBuf>(n, src),
+        ("reuse", "floor") => reuse::<Floor>(n, src),
         ("handoff", "BytesMut") => handoff::<BytesMut>(n, src),
         ("handoff", "PooledBuf") => handoff::<PooledBuf>(n, src),
-        _ => handoff::<Floor>(n, src),
+        ("handoff", "PooledBuf-threads") => handoff::<ThreadsBuf>(n, src),
+        ("handoff", "slot") => handoff::<SlotBuf>(n, src),
+        ("handoff", "floor") => handoff::<Floor>(n, src),
+        _ => panic!("no workload {workload:?} with contender {contender:?}: workloads {WORKLOADS:?}, contenders {CONTENDERS:?}"),
     }
 }
 
