@@ -72,7 +72,8 @@ pub(crate) const PERCPU_FIRST: bool = cfg!(all(
     target_os = "linux",
     target_arch = "x86_64",
     not(miri),
-    not(proxalloc_loom)
+    not(proxalloc_loom),
+    not(proxalloc_tsan)
 ));
 
 impl CacheMode {

@@ -26,6 +26,45 @@ fn assert_all_returned(a: &ClassAllocator<impl Sized>) {
     assert_eq!(s.backing_allocs, s.backing_frees, "{s}");
 }
 
+/// `CacheMode::default()` follows the build: per-CPU caches with the `percpu` feature on
+/// Linux x86-64, per-thread caches elsewhere, under Miri, and in ThreadSanitizer builds
+/// (`proxalloc_tsan`, set by the build script from `-Zsanitizer=thread`), which compile
+/// no restartable sequences: there a per-CPU allocator says it uses thread caches, and
+/// per-CPU caches are not available.
+#[test]
+fn the_default_mode_follows_the_build() {
+    let percpu_first = cfg!(all(
+        feature = "percpu",
+        target_os = "linux",
+        target_arch = "x86_64",
+        not(miri),
+        not(proxalloc_tsan)
+    ));
+    let expected = if percpu_first {
+        CacheMode::PerCpu
+    } else {
+        CacheMode::ThreadCaches
+    };
+    assert_eq!(CacheMode::default(), expected);
+    // `.ci/sanitizers` says so in its ThreadSanitizer run: the build script must have seen it.
+    if std::env::var_os("PROXALLOC_TEST_EXPECT_TSAN").is_some_and(|v| v == "1") {
+        let tsan_build = cfg!(proxalloc_tsan);
+        assert!(
+            tsan_build,
+            "a ThreadSanitizer run whose build has no `proxalloc_tsan`: build.rs did not see -Zsanitizer=thread"
+        );
+    }
+    if cfg!(proxalloc_tsan) {
+        let a = ClassAllocator::<u64>::with_config(
+            "tsan-asks-for-percpu",
+            Config::new().mode(CacheMode::PerCpu),
+        );
+        drop(a.alloc(1));
+        assert_eq!(a.mode(), CacheMode::ThreadCaches);
+        assert!(!proxalloc::stats::percpu_status().available);
+    }
+}
+
 #[test]
 fn single_thread_accounting_is_exact() {
     let a = ClassAllocator::<[u64; 8]>::with_config("single", Config::new().magazine_size(16));

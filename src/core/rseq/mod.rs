@@ -115,7 +115,9 @@ impl std::fmt::Display for FenceFailed {
 }
 
 /// Items compiled where restartable sequences are used: Linux on x86-64, not under Miri
-/// (which cannot run the assembly) or loom (which cannot model it). The one place that
+/// (which cannot run the assembly), loom (which cannot model it) or ThreadSanitizer
+/// (`proxalloc_tsan`, set by the build script: it cannot see the hand-off between two
+/// threads through a CPU's cache, made in assembly). The one place that
 /// condition is written for items; `without_rseq!` is its complement, and
 /// `config::PERCPU_FIRST` (a value the config needs, below this module) is checked
 /// against it here.
@@ -126,7 +128,8 @@ macro_rules! with_rseq {
                 target_os = "linux",
                 target_arch = "x86_64",
                 not(miri),
-                not(proxalloc_loom)
+                not(proxalloc_loom),
+                not(proxalloc_tsan)
             ))]
             $item
         )*
@@ -142,7 +145,8 @@ macro_rules! without_rseq {
                 target_os = "linux",
                 target_arch = "x86_64",
                 not(miri),
-                not(proxalloc_loom)
+                not(proxalloc_loom),
+                not(proxalloc_tsan)
             )))]
             $item
         )*

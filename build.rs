@@ -1,0 +1,13 @@
+//! Sets `proxalloc_tsan` in ThreadSanitizer builds (`-Zsanitizer=thread`, which cargo
+//! reports to build scripts as the `sanitize` cfg): there the restartable sequences are
+//! not compiled and per-CPU allocators use per-thread caches, as on other platforms.
+//! ThreadSanitizer cannot see the assembly that hands an object from one thread to
+//! another through a CPU's cache, and would report the next owner's first write as a
+//! race.
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    let sanitizers = std::env::var("CARGO_CFG_SANITIZE").unwrap_or_default();
+    if sanitizers.split(',').any(|s| s == "thread") {
+        println!("cargo:rustc-cfg=proxalloc_tsan");
+    }
+}
