@@ -6,6 +6,10 @@
 //! race.
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    // The sanitizer comes with the flags: run again when they change, even where they do
+    // not reach the build script itself (`--target` builds).
+    println!("cargo:rerun-if-env-changed=RUSTFLAGS");
+    println!("cargo:rerun-if-env-changed=CARGO_ENCODED_RUSTFLAGS");
     let sanitizers = std::env::var("CARGO_CFG_SANITIZE").unwrap_or_default();
     if sanitizers.split(',').any(|s| s == "thread") {
         println!("cargo:rustc-cfg=proxalloc_tsan");
