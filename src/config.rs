@@ -36,8 +36,9 @@ pub enum CacheMode {
     /// instruction. The default with the `percpu` feature (on by default).
     ///
     /// Where per-CPU caches cannot work (another platform, no rseq or membarrier, Miri,
-    /// valgrind, the environment variable `PROXALLOC_PERCPU=off`, or an allocator capped
-    /// with [`Config::max_live`]), the allocator uses per-thread caches instead:
+    /// ThreadSanitizer builds, valgrind, the environment variable `PROXALLOC_PERCPU=off`,
+    /// or an allocator capped with [`Config::max_live`]), the allocator uses per-thread
+    /// caches instead:
     /// [`ClassAllocator::mode`](crate::ClassAllocator::mode) and [`Stats::mode`](crate::Stats::mode)
     /// say which it got. A thread whose rseq registration failed uses a per-thread cache
     /// of a per-CPU allocator.

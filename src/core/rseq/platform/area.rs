@@ -16,8 +16,8 @@ pub(super) const SYS_RSEQ: c_long = 334;
 
 /// The name of the environment variable that turns per-CPU caches off when set to `0`,
 /// `off`, `false` or `no` (read once, at the first per-CPU allocator's first use): for
-/// ThreadSanitizer, which cannot see the hand-off between threads on one CPU, and for
-/// debuggers (single-stepping inside a sequence restarts it forever).
+/// debuggers (single-stepping inside a sequence restarts it forever). ThreadSanitizer
+/// builds need no switch: they compile no sequences (`proxalloc_tsan`, see `rseq`).
 pub(crate) const PERCPU_ENV: &str = "PROXALLOC_PERCPU";
 
 extern "C" {
