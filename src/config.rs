@@ -89,7 +89,8 @@ impl CacheMode {
 
 impl Default for CacheMode {
     /// [`PerCpu`](CacheMode::PerCpu) in a build with the `percpu` feature on Linux
-    /// x86-64, [`ThreadCaches`](CacheMode::ThreadCaches) otherwise.
+    /// x86-64 (not under Miri or ThreadSanitizer), [`ThreadCaches`](CacheMode::ThreadCaches)
+    /// otherwise.
     fn default() -> Self {
         CacheMode::DEFAULT
     }

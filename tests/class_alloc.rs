@@ -38,6 +38,7 @@ fn the_default_mode_follows_the_build() {
         target_os = "linux",
         target_arch = "x86_64",
         not(miri),
+        not(proxalloc_loom),
         not(proxalloc_tsan)
     ));
     let expected = if percpu_first {
@@ -46,13 +47,19 @@ fn the_default_mode_follows_the_build() {
         CacheMode::ThreadCaches
     };
     assert_eq!(CacheMode::default(), expected);
-    // `.ci/sanitizers` says so in its ThreadSanitizer run: the build script must have seen it.
-    if std::env::var_os("PROXALLOC_TEST_EXPECT_TSAN").is_some_and(|v| v == "1") {
-        let tsan_build = cfg!(proxalloc_tsan);
-        assert!(
+    // `.ci/sanitizers` says which sanitizer runs: the build script must have seen
+    // ThreadSanitizer, and only it (1: TSan, 0: another sanitizer).
+    let tsan_build = cfg!(proxalloc_tsan);
+    match std::env::var("PROXALLOC_TEST_EXPECT_TSAN").as_deref() {
+        Ok("1") => assert!(
             tsan_build,
             "a ThreadSanitizer run whose build has no `proxalloc_tsan`: build.rs did not see -Zsanitizer=thread"
-        );
+        ),
+        Ok("0") => assert!(
+            !tsan_build,
+            "`proxalloc_tsan` in a build without ThreadSanitizer"
+        ),
+        _ => {}
     }
     if cfg!(proxalloc_tsan) {
         let a = ClassAllocator::<u64>::with_config(

@@ -639,8 +639,8 @@ fn default_mode_note() -> String {
                 .disabled
                 .unwrap_or_else(|| "rseq or membarrier unavailable, or PROXALLOC_PERCPU=off".into())
         ),
-        _ => "proxalloc's default here: thread caches (a build without the `percpu` feature, or not Linux \
-              x86-64); the CPU-caches row asks for them by name."
+        _ => "proxalloc's default here: thread caches (a build without the `percpu` feature, not Linux \
+              x86-64, or a ThreadSanitizer build); the CPU-caches row asks for them by name."
             .to_string(),
     }
 }

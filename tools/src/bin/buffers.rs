@@ -264,7 +264,7 @@ fn child(reps: usize) {
         }
         return;
     }
-    // Warm both: the pooled classes' caches and the global allocator's.
+    // Warm every contender: the pooled classes' caches and the global allocator's.
     for w in WORKLOADS {
         for c in CONTENDERS {
             run_one(w, c, 20_000, &src);
@@ -320,6 +320,10 @@ fn main() {
     }
     println!(
         "# {rounds} rounds; one thread: min over rounds, two threads: median; ratio to the best BytesMut"
+    );
+    println!(
+        "# PooledBuf's classes: {:?} (this build's default mode), PooledBuf-threads': ThreadCaches",
+        CacheMode::default()
     );
     println!(
         "# the Bytes::from_owner box of a frozen PooledBuf: {} bytes",
