@@ -61,7 +61,7 @@ fn the_default_mode_follows_the_build() {
         ),
         _ => {}
     }
-    if cfg!(proxalloc_tsan) {
+    if tsan_build {
         let a = ClassAllocator::<u64>::with_config(
             "tsan-asks-for-percpu",
             Config::new().mode(CacheMode::PerCpu),

@@ -87,12 +87,19 @@ impl Contender for BytesMut {
     }
 }
 
+/// A buffer of `SIZE` from `bufs`, filled with `src`: `PooledBuf` and `PooledBuf-threads`
+/// differ only in the allocator.
+#[inline(always)]
+fn pooled_filled(bufs: &'static BufferAllocator, src: &[u8]) -> PooledBuf {
+    let mut b = bufs.alloc(SIZE);
+    b.put_slice(src);
+    b
+}
+
 impl Contender for PooledBuf {
     #[inline(always)]
     fn filled(src: &[u8]) -> Self {
-        let mut b = BUFS.alloc(SIZE);
-        b.put_slice(src);
-        b
+        pooled_filled(&BUFS, src)
     }
     #[inline(always)]
     fn freeze(self) -> Bytes {
@@ -106,9 +113,7 @@ struct ThreadsBuf(PooledBuf);
 impl Contender for ThreadsBuf {
     #[inline(always)]
     fn filled(src: &[u8]) -> Self {
-        let mut b = BUFS_THREADS.alloc(SIZE);
-        b.put_slice(src);
-        ThreadsBuf(b)
+        ThreadsBuf(pooled_filled(&BUFS_THREADS, src))
     }
     #[inline(always)]
     fn freeze(self) -> Bytes {
