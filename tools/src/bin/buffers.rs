@@ -6,7 +6,15 @@
 //! - `reuse`: take, fill, drop, with no freeze (the buffer used as a `BufMut` only);
 //! - `handoff`, two threads: one takes, fills and freezes, and hands the `Bytes` through
 //!   a 256-slot queue to the other, which drops it (ns per buffer; hyper's pattern of a
-//!   body written by one task and sent by another).
+//!   body written by one task and sent by another). Both threads spin on the queue's
+//!   shared lines for every buffer, so this measures the queue's coherence traffic as
+//!   much as the allocators, and a faster producer can make it slower (see
+//!   docs/benchmarks.md; `HANDOFF_WORK=k` gives the producer `k` spins of other work a
+//!   buffer, to see the allocators where the queue is not the bottleneck);
+//! - `handoff-batch`, two threads: the same, but the buffers travel 32 at a time, in
+//!   `Vec`s that the consumer sends back empty (a server's write of a chunk list), so
+//!   the queue's cost is spread over 32 buffers and the allocators' cross-thread costs
+//!   show (ns per buffer).
 //!
 //! The contenders:
 //! - `BytesMut`, under each global allocator;
@@ -65,7 +73,14 @@ const CONTENDERS: [&str; 5] = [
     "slot",
     "floor",
 ];
-const WORKLOADS: [&str; 3] = ["lifecycle", "reuse", "handoff"];
+const WORKLOADS: [&str; 4] = ["lifecycle", "reuse", "handoff", "handoff-batch"];
+/// Buffers per queue entry in `handoff-batch`.
+const BATCH: usize = 32;
+
+/// Whether a workload runs on two threads (median figures) rather than one (minimum).
+fn two_threads(workload: &str) -> bool {
+    workload.starts_with("handoff")
+}
 
 /// What one contender does: take a buffer of `SIZE`, fill it, and either drop it or
 /// freeze it.
@@ -200,6 +215,17 @@ fn reuse<C: Contender>(n: u64, src: &[u8]) -> f64 {
     t.elapsed().as_nanos() as f64 / n as f64
 }
 
+/// `HANDOFF_WORK=k`: the `handoff` producer spins `k` times (`spin_loop`) per buffer
+/// before queueing it, as a server does other work between bodies; 0 by default. With
+/// none, the faster side waits on the queue's lines and slows the other (see the module
+/// docs).
+fn producer_work() -> u32 {
+    std::env::var("HANDOFF_WORK").map_or(0, |s| {
+        s.parse()
+            .expect("HANDOFF_WORK: a number of spins per buffer")
+    })
+}
+
 fn handoff<C: Contender>(n: u64, src: &[u8]) -> f64 {
     let queue = Arc::new(ArrayQueue::<Bytes>::new(256));
     let start = Arc::new(Barrier::new(2));
@@ -222,10 +248,14 @@ fn handoff<C: Contender>(n: u64, src: &[u8]) -> f64 {
             }
         })
     };
+    let work = producer_work();
     start.wait();
     let t = Instant::now();
     for _ in 0..n {
         let mut b = C::filled(black_box(src)).freeze();
+        for _ in 0..work {
+            std::hint::spin_loop();
+        }
         while let Err(back) = queue.push(b) {
             b = back;
             std::hint::spin_loop();
@@ -234,6 +264,55 @@ fn handoff<C: Contender>(n: u64, src: &[u8]) -> f64 {
     consumer.join().unwrap();
     done.store(true, Ordering::Relaxed);
     t.elapsed().as_nanos() as f64 / n as f64
+}
+
+fn handoff_batch<C: Contender>(n: u64, src: &[u8]) -> f64 {
+    let batches = n.div_ceil(BATCH as u64);
+    let queue = Arc::new(ArrayQueue::<Vec<Bytes>>::new(8));
+    // The batches' `Vec`s go round: allocated here, sent back empty by the consumer.
+    let returned = Arc::new(ArrayQueue::<Vec<Bytes>>::new(16));
+    for _ in 0..16 {
+        returned.push(Vec::with_capacity(BATCH)).unwrap();
+    }
+    let start = Arc::new(Barrier::new(2));
+    let consumer = {
+        let (queue, returned, start) = (queue.clone(), returned.clone(), start.clone());
+        std::thread::spawn(move || {
+            start.wait();
+            for _ in 0..batches {
+                let mut batch = loop {
+                    match queue.pop() {
+                        Some(b) => break b,
+                        None => std::hint::spin_loop(),
+                    }
+                };
+                for b in batch.drain(..) {
+                    black_box(&b);
+                    drop(b);
+                }
+                returned.push(batch).expect("as many batches as slots");
+            }
+        })
+    };
+    start.wait();
+    let t = Instant::now();
+    for _ in 0..batches {
+        let mut batch = loop {
+            match returned.pop() {
+                Some(b) => break b,
+                None => std::hint::spin_loop(),
+            }
+        };
+        for _ in 0..BATCH {
+            batch.push(C::filled(black_box(src)).freeze());
+        }
+        while let Err(back) = queue.push(batch) {
+            batch = back;
+            std::hint::spin_loop();
+        }
+    }
+    consumer.join().unwrap();
+    t.elapsed().as_nanos() as f64 / (batches * BATCH as u64) as f64
 }
 
 fn run_one(workload: &str, contender: &str, n: u64, src: &[u8]) -> f64 {
@@ -253,6 +332,11 @@ fn run_one(workload: &str, contender: &str, n: u64, src: &[u8]) -> f64 {
         ("handoff", "PooledBuf-threads") => handoff::<ThreadsBuf>(n, src),
         ("handoff", "slot") => handoff::<SlotBuf>(n, src),
         ("handoff", "floor") => handoff::<Floor>(n, src),
+        ("handoff-batch", "BytesMut") => handoff_batch::<BytesMut>(n, src),
+        ("handoff-batch", "PooledBuf") => handoff_batch::<PooledBuf>(n, src),
+        ("handoff-batch", "PooledBuf-threads") => handoff_batch::<ThreadsBuf>(n, src),
+        ("handoff-batch", "slot") => handoff_batch::<SlotBuf>(n, src),
+        ("handoff-batch", "floor") => handoff_batch::<Floor>(n, src),
         _ => panic!("no workload {workload:?} with contender {contender:?}: workloads {WORKLOADS:?}, contenders {CONTENDERS:?}"),
     }
 }
@@ -278,7 +362,7 @@ fn child(reps: usize) {
     let mut samples: BTreeMap<(&str, &str), Vec<f64>> = BTreeMap::new();
     for _ in 0..reps {
         for w in WORKLOADS {
-            let n = if w == "handoff" { 100_000 } else { 200_000 };
+            let n = if two_threads(w) { 100_000 } else { 200_000 };
             for c in CONTENDERS {
                 samples
                     .entry((w, c))
@@ -289,7 +373,7 @@ fn child(reps: usize) {
     }
     for ((w, c), mut v) in samples {
         v.sort_by(f64::total_cmp);
-        let figure = if w == "handoff" { v[v.len() / 2] } else { v[0] };
+        let figure = if two_threads(w) { v[v.len() / 2] } else { v[0] };
         println!("{w} {c} {figure:.2}");
     }
 }
@@ -339,7 +423,7 @@ fn main() {
     for w in WORKLOADS {
         let pick = |mut v: Vec<f64>| {
             v.sort_by(f64::total_cmp);
-            if w == "handoff" {
+            if two_threads(w) {
                 v[v.len() / 2]
             } else {
                 v[0]
