@@ -37,6 +37,8 @@ impl<T> ClassAllocator<T> {
     #[cold]
     #[inline(never)]
     fn alloc_raw_slow(&self) -> Result<NonNull<T>, AllocError> {
+        #[cfg(test)]
+        slow_entries::count();
         let p = cache::alloc(&self.engine_arc()).ok_or(AllocError)?;
         self.on_alloc(p);
         Ok(p.cast())
@@ -107,6 +109,8 @@ impl<T> ClassAllocator<T> {
     #[cold]
     #[inline(never)]
     unsafe fn free_raw_slow(&self, p: NonNull<u8>) {
+        #[cfg(test)]
+        slow_entries::count();
         // SAFETY: forwarded from the caller.
         unsafe { cache::free(&self.engine_arc(), p) }
     }
@@ -139,5 +143,26 @@ impl<T> Drop for FreeOnUnwind<'_, T> {
     fn drop(&mut self) {
         // SAFETY: the memory came from `alloc` and holds no value.
         unsafe { self.alloc.free_raw(self.object) };
+    }
+}
+
+/// The front end's slow paths taken on this thread, counted in the crate's tests: that a
+/// warm cache serves every operation without one is a property no result shows (a
+/// fast path that misses still works, through the slow path), so a test counts them.
+#[cfg(test)]
+pub(crate) mod slow_entries {
+    use std::cell::Cell;
+
+    std::thread_local! {
+        static ENTRIES: Cell<u64> = const { Cell::new(0) };
+    }
+
+    pub(super) fn count() {
+        ENTRIES.with(|n| n.set(n.get() + 1));
+    }
+
+    /// Slow paths taken on this thread so far.
+    pub(crate) fn taken() -> u64 {
+        ENTRIES.with(Cell::get)
     }
 }

@@ -22,26 +22,9 @@ fn thread_caches() -> crate::Config {
 /// the boxed lookup only.
 #[test]
 fn the_fast_paths_read_the_engines_numbers_from_the_hints() {
-    use crate::core::table::{hint_offset, inline_offset, DIRECT_BOXED, INLINE_CACHES};
+    use crate::core::table::{hint_offset, inline_offset};
     let _indices = indices();
-    // Indices are dense and reused last freed first, so after other tests' allocators
-    // the first ones made here may all be boxed: make them until every kind is live
-    // (inline, boxed with its address in thread-local storage, and boxed past those).
-    let mut all = Vec::new();
-    let index = |a: &ClassAllocator<u64>| a.engine().index() as usize;
-    let boxed = |a: &ClassAllocator<u64>| inline_offset(index(a)).is_none();
-    let inline = |a: &ClassAllocator<u64>| !boxed(a);
-    let far = |a: &ClassAllocator<u64>| index(a) >= INLINE_CACHES + DIRECT_BOXED;
-    while all.len() < INLINE_CACHES + DIRECT_BOXED + 2
-        || !all.iter().any(boxed)
-        || !all.iter().any(inline)
-        || !all.iter().any(far)
-    {
-        assert!(all.len() < 4096, "no inline index came free");
-        let a = ClassAllocator::<u64>::with_config("hints-read", thread_caches());
-        drop(a.alloc(1));
-        all.push(a);
-    }
+    let all = allocators_of_every_index_kind("hints-read");
     for a in &all {
         // An object in this thread's cache, again: making hundreds of allocators (while
         // other tests hold the inline indices) takes enough slow paths for idle passes,
@@ -83,6 +66,62 @@ fn the_fast_paths_read_the_engines_numbers_from_the_hints() {
                 "freed through the boxed lookup"
             );
         }
+    }
+}
+
+/// Per-thread allocators (named `name`) until one of each kind of table index is live:
+/// inline, boxed with its address in thread-local storage, and boxed past those. Each
+/// has made one allocation on this thread. The caller holds [`indices`].
+fn allocators_of_every_index_kind(name: &'static str) -> Vec<ClassAllocator<u64>> {
+    use crate::core::table::{inline_offset, DIRECT_BOXED, INLINE_CACHES};
+    // Indices are dense and reused last freed first, so after other tests' allocators
+    // the first ones made here may all be boxed.
+    let mut all = Vec::new();
+    let index = |a: &ClassAllocator<u64>| a.engine().index() as usize;
+    let boxed = |a: &ClassAllocator<u64>| inline_offset(index(a)).is_none();
+    let inline = |a: &ClassAllocator<u64>| !boxed(a);
+    let far = |a: &ClassAllocator<u64>| index(a) >= INLINE_CACHES + DIRECT_BOXED;
+    while all.len() < INLINE_CACHES + DIRECT_BOXED + 2
+        || !all.iter().any(boxed)
+        || !all.iter().any(inline)
+        || !all.iter().any(far)
+    {
+        assert!(all.len() < 4096, "no inline index came free");
+        let a = ClassAllocator::<u64>::with_config(name, thread_caches());
+        drop(a.alloc(1));
+        all.push(a);
+    }
+    all
+}
+
+/// Once a thread's cache of an allocator holds an object, allocating and freeing through
+/// the front end never leaves the fast paths (the inline one, or the miss path's
+/// boxed lookup), whatever kind of index the allocator has. Everything still works
+/// when a fast path misses (the slow path does the same job), so only a count shows
+/// it: a miss path that forgets the boxed lookup sends every operation of an allocator
+/// past the inline caches to the slow path.
+#[test]
+fn a_warm_cache_serves_the_front_end_without_a_slow_path() {
+    use crate::class::raw::slow_entries;
+    let _indices = indices();
+    let all = allocators_of_every_index_kind("no-slow-path");
+    for a in &all {
+        // The object back in this thread's cache (making hundreds of allocators takes
+        // idle passes, which may have released it).
+        drop(a.alloc(0));
+        let before = slow_entries::taken();
+        for i in 0..8 {
+            let b = a.alloc(i);
+            assert_eq!(*b, i);
+        }
+        let s = a.stats();
+        assert_eq!(
+            slow_entries::taken() - before,
+            0,
+            "slow paths for an allocator of index {} ({} allocs)",
+            a.engine().index(),
+            s.allocs
+        );
     }
 }
 
