@@ -5,8 +5,7 @@
 //! (64 B, 512 B, 2 KiB, 8 KiB), free them, and block. The main thread reports RSS and the
 //! bytes that proxalloc caches (in threads or CPUs, in depots, granted from the
 //! process-wide thread-cache budget), calls `trim_all`, reports again, then lets the
-//! threads exit (and, for the `+malloc_trim` column, calls glibc's `malloc_trim` after
-//! `trim_all`, to show what glibc itself still held). Each mode runs in a fresh process: per-thread caches (`caches`), per-CPU
+//! threads exit. Each mode runs in a fresh process: per-thread caches (`caches`), per-CPU
 //! caches (`percpu`), and every object going to the system allocator (`system`, which
 //! calls glibc's `malloc_trim` where `trim_all` stands in the others).
 //!
@@ -125,10 +124,6 @@ fn run(mode: CacheMode, nthreads: usize) {
     }
     let (in_threads_after, in_depots_after) = four.cached_kib();
     let trimmed_rss = rss_kib();
-    // What glibc still held of what `trim_all` gave it: a program over glibc may call
-    // `malloc_trim` after `trim_all` too (the `system` mode has already).
-    malloc_trim();
-    let then_malloc_trim_rss = rss_kib();
     exit.wait();
     for t in threads {
         t.join().unwrap();
@@ -137,7 +132,6 @@ fn run(mode: CacheMode, nthreads: usize) {
     println!(
         "mode={:?} start={start} idle_rss={idle_rss} in_threads={in_threads} in_depots={in_depots} \
          granted={granted} released={released} trimmed_rss={trimmed_rss} \
-         then_malloc_trim_rss={then_malloc_trim_rss} \
          in_threads_after={in_threads_after} in_depots_after={in_depots_after} \
          exit_rss={} in_threads_exit={in_threads_exit}",
         four.small.mode(),
@@ -159,7 +153,7 @@ fn main() {
     }
     println!("{nthreads} threads, a burst of {BURST} objects each in 4 allocators (64 B to 8 KiB), then idle; KiB");
     println!(
-        "{:<8} {:>9} {:>10} {:>11} {:>10} {:>8} {:>9} {:>12} {:>12} {:>11} {:>9}",
+        "{:<8} {:>9} {:>10} {:>11} {:>10} {:>8} {:>9} {:>12} {:>11} {:>9}",
         "mode",
         "idle RSS",
         "in threads",
@@ -167,7 +161,6 @@ fn main() {
         "granted",
         "trim_all",
         "RSS after",
-        "+malloc_trim",
         "threads after",
         "depots after",
         "exit RSS"
@@ -182,7 +175,7 @@ fn main() {
                 .unwrap_or_default()
         };
         println!(
-            "{:<8} {:>9} {:>10} {:>11} {:>10} {:>8} {:>9} {:>12} {:>12} {:>11} {:>9}",
+            "{:<8} {:>9} {:>10} {:>11} {:>10} {:>8} {:>9} {:>12} {:>11} {:>9}",
             mode,
             get("idle_rss"),
             get("in_threads"),
@@ -190,7 +183,6 @@ fn main() {
             get("granted"),
             get("released"),
             get("trimmed_rss"),
-            get("then_malloc_trim_rss"),
             get("in_threads_after"),
             get("in_depots_after"),
             get("exit_rss"),
