@@ -146,7 +146,8 @@ impl<T> Drop for FreeOnUnwind<'_, T> {
     }
 }
 
-/// The front end's slow paths taken on this thread, counted in the crate's tests: that a
+/// `ClassAllocator`'s slow paths (every handle's and the buffers', not `with_local`'s)
+/// taken on this thread, counted in the crate's tests: that a
 /// warm cache serves every operation without one is a property no result shows (a
 /// fast path that misses still works, through the slow path), so a test counts them.
 #[cfg(test)]

@@ -81,8 +81,9 @@ fn allocators_of_every_index_kind(name: &'static str) -> Vec<ClassAllocator<u64>
     let boxed = |a: &ClassAllocator<u64>| inline_offset(index(a)).is_none();
     let inline = |a: &ClassAllocator<u64>| !boxed(a);
     let far = |a: &ClassAllocator<u64>| index(a) >= INLINE_CACHES + DIRECT_BOXED;
+    let direct = |a: &ClassAllocator<u64>| boxed(a) && !far(a);
     while all.len() < INLINE_CACHES + DIRECT_BOXED + 2
-        || !all.iter().any(boxed)
+        || !all.iter().any(direct)
         || !all.iter().any(inline)
         || !all.iter().any(far)
     {
@@ -95,7 +96,7 @@ fn allocators_of_every_index_kind(name: &'static str) -> Vec<ClassAllocator<u64>
 }
 
 /// Once a thread's cache of an allocator holds an object, allocating and freeing through
-/// the front end never leaves the fast paths (the inline one, or the miss path's
+/// `ClassAllocator` never leaves the fast paths (the inline one, or the miss path's
 /// boxed lookup), whatever kind of index the allocator has. Everything still works
 /// when a fast path misses (the slow path does the same job), so only a count shows
 /// it: a miss path that forgets the boxed lookup sends every operation of an allocator
