@@ -409,6 +409,17 @@ fn a_leaked_buffer_is_listed_with_the_place_it_was_allocated() {
     let mut grown = BUFS.alloc(100);
     grown.put_bytes(1, 5000); // moves to the 8 KiB class: the record follows
     drop(BUFS.alloc(100).freeze());
+    // Frozen with bytes in it (an empty buffer freezes to `Bytes::new()`, dropping the
+    // buffer at once): its record must survive the frozen owner and go with its drop.
+    let mut frozen = BUFS.alloc(100);
+    frozen.put_slice(b"frozen");
+    let frozen = frozen.freeze();
+    assert_eq!(
+        BUFS.oldest_live(10).len(),
+        3,
+        "a frozen buffer is still live"
+    );
+    std::thread::spawn(move || drop(frozen)).join().unwrap();
     let live = BUFS.oldest_live(10);
     assert_eq!(live.len(), 2, "{live:?}");
     assert_eq!(

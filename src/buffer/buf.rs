@@ -255,7 +255,7 @@ impl PooledBuf {
     /// dropped, on whichever thread that is.
     ///
     /// This allocates once from the global allocator: `Bytes::from_owner` boxes its
-    /// owner with a reference count (a 56-byte box; see docs/buffers.md for what it
+    /// owner with a reference count (a 32-byte box; see docs/buffers.md for what it
     /// costs). An empty buffer freezes into `Bytes::new()` with no box, and gives its
     /// slot back at once.
     ///
@@ -277,7 +277,10 @@ impl PooledBuf {
         if self.is_empty() {
             return Bytes::new();
         }
-        Bytes::from_owner(Frozen(self))
+        match Frozen::new(self) {
+            Ok(small) => Bytes::from_owner(small),
+            Err(huge) => Bytes::from_owner(FrozenHuge(huge)),
+        }
     }
 
     /// The spare capacity, as `UninitSlice`.
@@ -310,12 +313,126 @@ impl From<PooledBuf> for Bytes {
 }
 
 /// A frozen buffer inside `Bytes` (its owner): read only, dropped with the last clone.
-struct Frozen(PooledBuf);
+/// Three words, where a `PooledBuf` is six, so that `from_owner`'s box (its count and
+/// this) is 32 bytes, the small allocators' 32-byte class: a body frozen on one thread
+/// and dropped on another frees that box there, and under mimalloc a 56-byte one (the
+/// 64-byte class) made the two-thread handoff slower (docs/benchmarks.md). Buffers of
+/// 4 GiB or more are frozen whole ([`FrozenHuge`]).
+pub(super) struct Frozen {
+    ptr: NonNull<u8>,
+    len: u32,
+    cap: u32,
+    source: TaggedSource,
+}
+
+// SAFETY: as for `PooledBuf`, whose memory and source it holds.
+unsafe impl Send for Frozen {}
+// SAFETY: as for `PooledBuf`: `&Frozen` gives out `&[u8]` only.
+unsafe impl Sync for Frozen {}
+
+impl Frozen {
+    /// `buf`'s memory and source, or `buf` back if its length or capacity does not fit
+    /// in 32 bits.
+    #[inline]
+    fn new(buf: PooledBuf) -> Result<Frozen, PooledBuf> {
+        let (Ok(len), Ok(cap)) = (u32::try_from(buf.len), u32::try_from(buf.mem.cap)) else {
+            return Err(buf);
+        };
+        let buf = std::mem::ManuallyDrop::new(buf);
+        // SAFETY: `buf` is never dropped, so its source is moved out once, here.
+        let source = unsafe { std::ptr::read(&buf.source) };
+        Ok(Frozen {
+            ptr: buf.mem.ptr,
+            len,
+            cap,
+            source: TaggedSource::new(source, buf.mem.tracked),
+        })
+    }
+}
 
 impl AsRef<[u8]> for Frozen {
     #[inline]
     fn as_ref(&self) -> &[u8] {
+        // SAFETY: the first `len` bytes of the buffer were written before it was frozen,
+        // and nobody writes them since.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len as usize) }
+    }
+}
+
+impl Drop for Frozen {
+    #[inline]
+    fn drop(&mut self) {
+        let (source, tracked) = self.source.take();
+        let parts = Parts {
+            ptr: self.ptr,
+            cap: self.cap as usize,
+            tracked,
+        };
+        // SAFETY: the memory came from `source`'s allocator as `parts` (the buffer's,
+        // unchanged since the freeze) and is given back once, here; `source` is dropped
+        // after it, as a `PooledBuf`'s is.
+        unsafe { source.get().free_parts(&parts) }
+    }
+}
+
+/// A frozen buffer of 4 GiB or more: the whole `PooledBuf` (see [`Frozen`]).
+struct FrozenHuge(PooledBuf);
+
+impl AsRef<[u8]> for FrozenHuge {
+    #[inline]
+    fn as_ref(&self) -> &[u8] {
         &self.0
+    }
+}
+
+/// A [`Source`] in one word: the allocator's address, with [`TaggedSource::SHARED`] set
+/// for an `Arc` (one strong count, owned by this word) and [`TaggedSource::TRACKED`]
+/// for a buffer the leak tracker recorded. The allocator's alignment leaves both bits
+/// free.
+struct TaggedSource(NonNull<BufferAllocator>);
+
+const _: () = assert!(std::mem::align_of::<BufferAllocator>() >= 4);
+
+impl TaggedSource {
+    const SHARED: usize = 1;
+    const TRACKED: usize = 2;
+
+    #[inline]
+    fn new(source: Source, tracked: bool) -> Self {
+        let (ptr, shared) = match source {
+            Source::Static(a) => (NonNull::from(a), 0),
+            // The count moves into this word; `take` gives it back to an `Arc`.
+            // SAFETY: `Arc::into_raw` never returns null.
+            Source::Shared(a) => (
+                unsafe { NonNull::new_unchecked(Arc::into_raw(a).cast_mut()) },
+                Self::SHARED,
+            ),
+        };
+        let tag = shared | if tracked { Self::TRACKED } else { 0 };
+        TaggedSource(ptr.map_addr(|a| a | tag))
+    }
+
+    /// The source back (an `Arc` takes its count back) and the tracked flag. Called once,
+    /// by the owner's drop.
+    #[inline]
+    fn take(&mut self) -> (Source, bool) {
+        let tag = self.0.addr().get() & (Self::SHARED | Self::TRACKED);
+        // SAFETY: the address with its tag bits cleared is the allocator's (aligned to
+        // at least 4, so the address is not 0).
+        let ptr = unsafe {
+            self.0.map_addr(|a| {
+                std::num::NonZeroUsize::new_unchecked(a.get() & !(Self::SHARED | Self::TRACKED))
+            })
+        };
+        let source = if tag & Self::SHARED != 0 {
+            // SAFETY: from `Arc::into_raw` in `new`, whose count this word owned; taken
+            // once (the owner's drop).
+            Source::Shared(unsafe { Arc::from_raw(ptr.as_ptr()) })
+        } else {
+            // SAFETY: a `&'static BufferAllocator` in `new`.
+            Source::Static(unsafe { ptr.as_ref() })
+        };
+        (source, tag & Self::TRACKED != 0)
     }
 }
 

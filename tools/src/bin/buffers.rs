@@ -8,9 +8,9 @@
 //!   a 256-slot queue to the other, which drops it (ns per buffer; hyper's pattern of a
 //!   body written by one task and sent by another). Both threads spin on the queue's
 //!   shared lines for every buffer, so this measures the queue's coherence traffic as
-//!   much as the allocators, and a faster producer can make it slower (see
-//!   docs/benchmarks.md; `HANDOFF_WORK=k` gives the producer `k` spins of other work a
-//!   buffer, to see the allocators where the queue is not the bottleneck);
+//!   much as the allocators (see docs/benchmarks.md; `HANDOFF_WORK=k` gives the
+//!   producer `k` spins of other work a buffer, to see the allocators where the queue is
+//!   not the bottleneck);
 //! - `handoff-batch`, two threads: the same, but the buffers travel 32 at a time, in
 //!   `Vec`s that the consumer sends back empty (a server's write of a chunk list), so
 //!   the queue's cost is spread over 32 buffers and the allocators' cross-thread costs
@@ -217,7 +217,7 @@ fn reuse<C: Contender>(n: u64, src: &[u8]) -> f64 {
 
 /// `HANDOFF_WORK=k`: the `handoff` producer spins `k` times (`spin_loop`) per buffer
 /// before queueing it, as a server does other work between bodies; 0 by default. With
-/// none, the faster side waits on the queue's lines and slows the other (see the module
+/// none, both threads spend most of their time on the queue's lines (see the module
 /// docs).
 fn producer_work() -> u32 {
     std::env::var("HANDOFF_WORK").map_or(0, |s| {
@@ -413,10 +413,6 @@ fn main() {
     println!(
         "# PooledBuf's classes: {:?} (this build's default mode), PooledBuf-threads': ThreadCaches",
         CacheMode::default()
-    );
-    println!(
-        "# the Bytes::from_owner box of a frozen PooledBuf: {} bytes",
-        std::mem::size_of::<usize>() + std::mem::size_of::<PooledBuf>()
     );
     println!("| workload | global | contender | ns | vs best `BytesMut` |");
     println!("| --- | --- | --- | ---: | ---: |");
