@@ -456,6 +456,34 @@ fn a_leaked_buffer_is_listed_with_the_place_it_was_allocated() {
     drop(untracked);
 }
 
+/// A recorded buffer of an allocator made at run time, frozen and dropped on another
+/// thread: its record goes, and so does the allocator's last count (the frozen owner
+/// keeps both in one tagged word).
+#[test]
+#[cfg(debug_assertions)]
+#[cfg_attr(miri, ignore = "misuse detection is compiled out under Miri")]
+fn a_recorded_buffer_of_a_shared_allocator_freezes_and_goes() {
+    let bufs = Arc::new(BufferAllocator::new());
+    bufs.set_leak_level(LeakLevel::All);
+    let mut b = bufs.alloc_arc(700);
+    b.put_slice(b"shared and recorded");
+    let frozen = b.freeze();
+    assert_eq!(bufs.oldest_live(10).len(), 1);
+    let weak = Arc::downgrade(&bufs);
+    let watcher = Arc::clone(&bufs);
+    drop(bufs);
+    std::thread::spawn(move || {
+        assert_eq!(&frozen[..], b"shared and recorded");
+        drop(frozen)
+    })
+    .join()
+    .unwrap();
+    assert!(watcher.oldest_live(10).is_empty(), "the record stayed");
+    assert_eq!(watcher.stats().live_buffers(), 0);
+    drop(watcher);
+    assert!(weak.upgrade().is_none(), "the frozen buffer kept a count");
+}
+
 /// The default, sampled level finds a leak that a request makes every time at the same
 /// step, after a buffer freed at another step: a sampler that took every n-th
 /// allocation would fall on the same step each time and never see it.

@@ -255,7 +255,7 @@ impl PooledBuf {
     /// dropped, on whichever thread that is.
     ///
     /// This allocates once from the global allocator: `Bytes::from_owner` boxes its
-    /// owner with a reference count (a 32-byte box; see docs/buffers.md for what it
+    /// owner with a reference count (a 32-byte box on 64-bit targets; see docs/buffers.md for what it
     /// costs). An empty buffer freezes into `Bytes::new()` with no box, and gives its
     /// slot back at once.
     ///
@@ -313,8 +313,8 @@ impl From<PooledBuf> for Bytes {
 }
 
 /// A frozen buffer inside `Bytes` (its owner): read only, dropped with the last clone.
-/// Three words, where a `PooledBuf` is six, so that `from_owner`'s box (its count and
-/// this) is 32 bytes, the small allocators' 32-byte class: a body frozen on one thread
+/// Three words, where a `PooledBuf` is six (on 64-bit targets), so that `from_owner`'s
+/// box (its count and this) is 32 bytes, the small allocators' 32-byte class: a body frozen on one thread
 /// and dropped on another frees that box there, and under mimalloc a 56-byte one (the
 /// 64-byte class) made the two-thread handoff slower (docs/benchmarks.md). Buffers of
 /// 4 GiB or more are frozen whole ([`FrozenHuge`]).
@@ -334,7 +334,8 @@ impl Frozen {
     /// `buf`'s memory and source, or `buf` back if its length or capacity does not fit
     /// in 32 bits.
     #[inline]
-    fn new(buf: PooledBuf) -> Result<Frozen, PooledBuf> {
+    pub(super) fn new(buf: PooledBuf) -> Result<Frozen, PooledBuf> {
+        debug_assert!(buf.len <= buf.mem.cap, "a buffer longer than its capacity");
         let (Ok(len), Ok(cap)) = (u32::try_from(buf.len), u32::try_from(buf.mem.cap)) else {
             return Err(buf);
         };

@@ -31,3 +31,37 @@ fn a_frozen_buffer_is_three_words() {
         3 * std::mem::size_of::<usize>()
     );
 }
+
+/// A buffer freezes into the three-word owner while its length and capacity fit in 32
+/// bits, and whole above (a capacity of 4 GiB truncated to 32 bits would free the slot
+/// as a 0-byte class buffer). The buffers here are never dropped: their memory is not
+/// real.
+#[test]
+fn a_buffer_of_4_gib_or_more_is_frozen_whole() {
+    static BUFS: BufferAllocator = BufferAllocator::new();
+    let fake = |cap: usize| {
+        buf::PooledBuf::from_parts(
+            buf::Parts {
+                ptr: std::ptr::NonNull::dangling(),
+                cap,
+                tracked: false,
+            },
+            buf::Source::Static(&BUFS),
+        )
+    };
+    match buf::Frozen::new(fake(u32::MAX as usize)) {
+        Ok(small) => std::mem::forget(small),
+        Err(b) => {
+            std::mem::forget(b);
+            panic!("a capacity of u32::MAX fits the three-word owner");
+        }
+    }
+    #[cfg(target_pointer_width = "64")]
+    match buf::Frozen::new(fake(1 << 32)) {
+        Ok(small) => {
+            std::mem::forget(small);
+            panic!("a capacity of 4 GiB was truncated into the three-word owner");
+        }
+        Err(b) => std::mem::forget(b),
+    }
+}
