@@ -232,6 +232,54 @@ fn an_allocator_made_at_run_time_lives_as_long_as_its_frozen_bytes() {
     assert!(weak.upgrade().is_none(), "the last drop released it");
 }
 
+/// A buffer of an allocator made at run time, grown and dropped unfrozen (on another
+/// thread): the memory goes back to the class it ended in, and the buffer's count of
+/// the allocator goes with it, exactly once (the count lives in the buffer's tagged
+/// source word).
+#[test]
+fn a_buffer_of_a_run_time_allocator_grows_and_drops_unfrozen() {
+    // Recorded where misuse detection is compiled in (not under Miri): the record (a
+    // bit in the same word as the count) must follow the growth and go with the drop.
+    let records = cfg!(all(debug_assertions, not(miri)));
+    let bufs = Arc::new(BufferAllocator::new());
+    bufs.set_leak_level(LeakLevel::All);
+    let mut b = bufs.alloc_arc(100);
+    b.put_bytes(7, 3000); // 512 B → 4 KiB
+    let other = bufs.try_alloc_arc(600).unwrap();
+    assert_eq!(Arc::strong_count(&bufs), 3, "one count a buffer");
+    let weak = Arc::downgrade(&bufs);
+    let watcher = Arc::clone(&bufs);
+    drop(bufs);
+    let s = watcher.stats();
+    assert_eq!((s.classes[0].live, s.classes[3].live), (0, 1));
+    if records {
+        let live = watcher.oldest_live(10);
+        assert_eq!(live.len(), 2);
+        assert_eq!((live[0].capacity, live[1].capacity), (4096, 1024));
+    }
+    std::thread::spawn(move || {
+        assert_eq!(b.capacity(), 4096);
+        assert!(b.iter().all(|&x| x == 7));
+        drop(b)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(Arc::strong_count(&watcher), 2);
+    if records {
+        assert_eq!(
+            watcher.oldest_live(10).len(),
+            1,
+            "the grown buffer's record stayed"
+        );
+    }
+    drop(other);
+    assert_eq!(Arc::strong_count(&watcher), 1);
+    assert_eq!(watcher.stats().live_buffers(), 0);
+    assert!(watcher.oldest_live(10).is_empty());
+    drop(watcher);
+    assert!(weak.upgrade().is_none());
+}
+
 /// `trim_all` and the allocator's own `trim` run while frozen buffers are shared by
 /// other threads and dropped there: no byte changes under a reader, and every slot
 /// comes back exactly once.

@@ -17,16 +17,6 @@ pub(super) enum Source {
     Shared(Arc<BufferAllocator>),
 }
 
-impl Source {
-    #[inline(always)]
-    fn get(&self) -> &BufferAllocator {
-        match self {
-            Source::Static(a) => a,
-            Source::Shared(a) => a,
-        }
-    }
-}
-
 /// A buffer's memory as its allocator handed it out.
 #[derive(Clone, Copy)]
 pub(super) struct Parts {
@@ -64,13 +54,19 @@ pub(super) struct Parts {
 /// assert_eq!((buf.len(), buf.capacity()), (2007, 2048));
 /// ```
 pub struct PooledBuf {
-    mem: Parts,
+    // Four words (the `Parts` and `Source` it was made from would be six), so that
+    // moving a buffer, returned by value or into `freeze`, copies less.
+    ptr: NonNull<u8>,
+    /// As [`Parts::cap`].
+    cap: usize,
     len: usize,
-    source: Source,
+    source: TaggedSource,
 }
 
-// SAFETY: the buffer owns its bytes exclusively (as a `Vec<u8>` does), and both sources
-// are `Send + Sync` (the allocator is shared by every thread by design).
+// SAFETY: the buffer owns its bytes exclusively (as a `Vec<u8>` does), and its source
+// word stands for a `&'static BufferAllocator` or an owned `Arc<BufferAllocator>`, both
+// `Send + Sync` since the allocator is (asserted in mod.rs: it is shared by every thread
+// by design).
 unsafe impl Send for PooledBuf {}
 // SAFETY: `&PooledBuf` gives out `&[u8]` only.
 unsafe impl Sync for PooledBuf {}
@@ -79,9 +75,20 @@ impl PooledBuf {
     #[inline(always)]
     pub(super) fn from_parts(mem: Parts, source: Source) -> Self {
         PooledBuf {
-            mem,
+            ptr: mem.ptr,
+            cap: mem.cap,
             len: 0,
-            source,
+            source: TaggedSource::new(source, mem.tracked),
+        }
+    }
+
+    /// The memory as its allocator handed it out.
+    #[inline(always)]
+    fn parts(&self) -> Parts {
+        Parts {
+            ptr: self.ptr,
+            cap: self.cap,
+            tracked: self.source.tracked(),
         }
     }
 
@@ -102,7 +109,7 @@ impl PooledBuf {
     /// the capacity before it).
     #[inline]
     pub fn capacity(&self) -> usize {
-        self.mem.cap
+        self.cap
     }
 
     /// Forgets what was written; the capacity stays.
@@ -144,7 +151,7 @@ impl PooledBuf {
     #[inline]
     unsafe fn append(&mut self, bytes: &[u8]) {
         let at = self.len;
-        debug_assert!(bytes.len() <= self.mem.cap - at);
+        debug_assert!(bytes.len() <= self.cap - at);
         // The length is stored before the copy, not after: a move of the buffer right
         // after the copy (into `freeze`, a `Vec`, a call) reads the length with its
         // neighbour in one 16-byte load, which a store still in flight cannot forward
@@ -153,8 +160,7 @@ impl PooledBuf {
         // SAFETY: room for `bytes.len()` bytes after `at` (the caller's contract); a `&[u8]`
         // cannot overlap the buffer's spare capacity, which nothing else borrows.
         unsafe {
-            self.mem
-                .ptr
+            self.ptr
                 .as_ptr()
                 .add(at)
                 .copy_from_nonoverlapping(bytes.as_ptr(), bytes.len());
@@ -182,7 +188,7 @@ impl PooledBuf {
     #[inline]
     #[track_caller]
     pub fn reserve(&mut self, additional: usize) {
-        if additional > self.mem.cap - self.len {
+        if additional > self.cap - self.len {
             if let Err(e) = self.grow(additional) {
                 super::fail(e, self.len.saturating_add(additional));
             }
@@ -201,7 +207,7 @@ impl PooledBuf {
     /// ```
     #[inline]
     pub fn try_reserve(&mut self, additional: usize) -> Result<(), BufferError> {
-        if additional > self.mem.cap - self.len {
+        if additional > self.cap - self.len {
             self.grow(additional)?;
         }
         Ok(())
@@ -219,23 +225,24 @@ impl PooledBuf {
         // Above the classes, double at least (as `Vec` does), so a loop of small writes
         // stays linear; within them, the next class already doubles.
         let target = if needed > super::BUFFER_CLASSES[7] {
-            needed.max(self.mem.cap.saturating_mul(2).min(isize::MAX as usize))
+            needed.max(self.cap.saturating_mul(2).min(isize::MAX as usize))
         } else {
             needed
         };
         let alloc = self.source.get();
-        let mut new = alloc.try_alloc_untracked(target)?;
+        let new = alloc.try_alloc_untracked(target)?;
         // SAFETY: the new memory holds at least `needed >= len` bytes and is not the
         // old (both are live at once); `len` bytes of the old are initialised.
         unsafe {
             new.ptr
                 .as_ptr()
-                .copy_from_nonoverlapping(self.mem.ptr.as_ptr(), self.len)
+                .copy_from_nonoverlapping(self.ptr.as_ptr(), self.len)
         };
-        // The record follows the bytes, with the place of the first allocation.
-        new.tracked = self.mem.tracked;
-        // The buffer owns the new memory before anything else runs.
-        let old = std::mem::replace(&mut self.mem, new);
+        let old = self.parts();
+        // The buffer owns the new memory before anything else runs; the record (the
+        // source's tracked bit, unchanged) follows the bytes, with the place of the
+        // first allocation.
+        (self.ptr, self.cap) = (new.ptr, new.cap);
         if old.tracked {
             alloc.leaks.moved(old.ptr, new.ptr, new.cap);
         }
@@ -289,10 +296,7 @@ impl PooledBuf {
         // SAFETY: `ptr + len .. ptr + cap` is the buffer's own memory, borrowed mutably
         // with `self`; `UninitSlice` allows no reads of it.
         unsafe {
-            UninitSlice::from_raw_parts_mut(
-                self.mem.ptr.as_ptr().add(self.len),
-                self.mem.cap - self.len,
-            )
+            UninitSlice::from_raw_parts_mut(self.ptr.as_ptr().add(self.len), self.cap - self.len)
         }
     }
 }
@@ -300,8 +304,9 @@ impl PooledBuf {
 impl Drop for PooledBuf {
     #[inline]
     fn drop(&mut self) {
-        // SAFETY: the memory came from `source`'s allocator and is given back once, here.
-        unsafe { self.source.get().free_parts(&self.mem) }
+        // SAFETY: the memory came from `source`'s allocator and is given back once, here;
+        // `source` (an `Arc`'s count) is dropped after this.
+        unsafe { self.source.get().free_parts(&self.parts()) }
     }
 }
 
@@ -313,11 +318,13 @@ impl From<PooledBuf> for Bytes {
 }
 
 /// A frozen buffer inside `Bytes` (its owner): read only, dropped with the last clone.
-/// Three words, where a `PooledBuf` is six (on 64-bit targets), so that `from_owner`'s
-/// box (its count and this) is 32 bytes, the small allocators' 32-byte class: a body frozen on one thread
-/// and dropped on another frees that box there, and under mimalloc a 56-byte one (the
-/// 64-byte class) made the two-thread handoff slower (docs/benchmarks.md). Buffers of
-/// 4 GiB or more are frozen whole ([`FrozenHuge`]).
+/// Three words, where a `PooledBuf` is four (on 64-bit targets), so that `from_owner`'s
+/// box (its count and this) is 32 bytes, the small allocators' 32-byte class, where the
+/// whole buffer would make it 40 (the 48-byte class): a body frozen on one thread and
+/// dropped on another frees that box there, and under mimalloc a 56-byte one (the
+/// 64-byte class, the whole buffer when it was six words) made the two-thread handoff
+/// slower (docs/benchmarks.md). Buffers of 4 GiB or more are frozen whole
+/// ([`FrozenHuge`]).
 pub(super) struct Frozen {
     ptr: NonNull<u8>,
     len: u32,
@@ -335,18 +342,18 @@ impl Frozen {
     /// in 32 bits.
     #[inline]
     pub(super) fn new(buf: PooledBuf) -> Result<Frozen, PooledBuf> {
-        debug_assert!(buf.len <= buf.mem.cap, "a buffer longer than its capacity");
-        let (Ok(len), Ok(cap)) = (u32::try_from(buf.len), u32::try_from(buf.mem.cap)) else {
+        debug_assert!(buf.len <= buf.cap, "a buffer longer than its capacity");
+        let (Ok(len), Ok(cap)) = (u32::try_from(buf.len), u32::try_from(buf.cap)) else {
             return Err(buf);
         };
         let buf = std::mem::ManuallyDrop::new(buf);
         // SAFETY: `buf` is never dropped, so its source is moved out once, here.
         let source = unsafe { std::ptr::read(&buf.source) };
         Ok(Frozen {
-            ptr: buf.mem.ptr,
+            ptr: buf.ptr,
             len,
             cap,
-            source: TaggedSource::new(source, buf.mem.tracked),
+            source,
         })
     }
 }
@@ -363,16 +370,15 @@ impl AsRef<[u8]> for Frozen {
 impl Drop for Frozen {
     #[inline]
     fn drop(&mut self) {
-        let (source, tracked) = self.source.take();
         let parts = Parts {
             ptr: self.ptr,
             cap: self.cap as usize,
-            tracked,
+            tracked: self.source.tracked(),
         };
         // SAFETY: the memory came from `source`'s allocator as `parts` (the buffer's,
         // unchanged since the freeze) and is given back once, here; `source` is dropped
         // after it, as a `PooledBuf`'s is.
-        unsafe { source.get().free_parts(&parts) }
+        unsafe { self.source.get().free_parts(&parts) }
     }
 }
 
@@ -387,9 +393,13 @@ impl AsRef<[u8]> for FrozenHuge {
 }
 
 /// A [`Source`] in one word: the allocator's address, with [`TaggedSource::SHARED`] set
-/// for an `Arc` (one strong count, owned by this word) and [`TaggedSource::TRACKED`]
-/// for a buffer the leak tracker recorded. The allocator's alignment leaves both bits
-/// free.
+/// for an `Arc` (one strong count, owned by this word and given back by its drop) and
+/// [`TaggedSource::TRACKED`] for a buffer the leak tracker recorded. The allocator's
+/// alignment leaves both bits free.
+///
+/// The word owns what it stands for, as the `Source` it was made from did: it is never
+/// `Clone` or `Copy`, and only an owner that is never dropped moves it out (`Frozen::new`,
+/// with `ptr::read` under `ManuallyDrop`), so the count is given back exactly once.
 struct TaggedSource(NonNull<BufferAllocator>);
 
 const _: () = assert!(std::mem::align_of::<BufferAllocator>() >= 4);
@@ -398,11 +408,11 @@ impl TaggedSource {
     const SHARED: usize = 1;
     const TRACKED: usize = 2;
 
-    #[inline]
+    #[inline(always)]
     fn new(source: Source, tracked: bool) -> Self {
         let (ptr, shared) = match source {
             Source::Static(a) => (NonNull::from(a), 0),
-            // The count moves into this word; `take` gives it back to an `Arc`.
+            // The count moves into this word; the drop gives it back to an `Arc`.
             // SAFETY: `Arc::into_raw` never returns null.
             Source::Shared(a) => (
                 unsafe { NonNull::new_unchecked(Arc::into_raw(a).cast_mut()) },
@@ -413,27 +423,41 @@ impl TaggedSource {
         TaggedSource(ptr.map_addr(|a| a | tag))
     }
 
-    /// The source back (an `Arc` takes its count back) and the tracked flag. Called once,
-    /// by the owner's drop.
-    #[inline]
-    fn take(&mut self) -> (Source, bool) {
-        let tag = self.0.addr().get() & (Self::SHARED | Self::TRACKED);
+    /// The allocator's address, the tag bits cleared.
+    #[inline(always)]
+    fn untagged(&self) -> NonNull<BufferAllocator> {
         // SAFETY: the address with its tag bits cleared is the allocator's (aligned to
         // at least 4, so the address is not 0).
-        let ptr = unsafe {
+        unsafe {
             self.0.map_addr(|a| {
                 std::num::NonZeroUsize::new_unchecked(a.get() & !(Self::SHARED | Self::TRACKED))
             })
-        };
-        let source = if tag & Self::SHARED != 0 {
-            // SAFETY: from `Arc::into_raw` in `new`, whose count this word owned; taken
-            // once (the owner's drop).
-            Source::Shared(unsafe { Arc::from_raw(ptr.as_ptr()) })
-        } else {
-            // SAFETY: a `&'static BufferAllocator` in `new`.
-            Source::Static(unsafe { ptr.as_ref() })
-        };
-        (source, tag & Self::TRACKED != 0)
+        }
+    }
+
+    /// The allocator the buffer goes back to.
+    #[inline(always)]
+    fn get(&self) -> &BufferAllocator {
+        // SAFETY: a `&'static BufferAllocator`, or an `Arc`'s whose count this word owns
+        // until its drop, so the allocator outlives the borrow of `self`.
+        unsafe { self.untagged().as_ref() }
+    }
+
+    /// Whether the leak tracker recorded the buffer.
+    #[inline(always)]
+    fn tracked(&self) -> bool {
+        self.0.addr().get() & Self::TRACKED != 0
+    }
+}
+
+impl Drop for TaggedSource {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if self.0.addr().get() & Self::SHARED != 0 {
+            // SAFETY: from `Arc::into_raw` in `new`, whose count this word owned; given
+            // back once, here.
+            drop(unsafe { Arc::from_raw(self.untagged().as_ptr()) });
+        }
     }
 }
 
@@ -443,7 +467,7 @@ impl Deref for PooledBuf {
     fn deref(&self) -> &[u8] {
         // SAFETY: the first `len` bytes were written (by `extend_from_slice`, or by a
         // `BufMut` writer that vouched for them in `advance_mut`).
-        unsafe { std::slice::from_raw_parts(self.mem.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
 
@@ -451,7 +475,7 @@ impl DerefMut for PooledBuf {
     #[inline]
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as for `deref`, borrowed mutably with `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.mem.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
@@ -484,7 +508,7 @@ unsafe impl BufMut for PooledBuf {
 
     #[inline]
     unsafe fn advance_mut(&mut self, cnt: usize) {
-        let spare = self.mem.cap - self.len;
+        let spare = self.cap - self.len;
         assert!(
             cnt <= spare,
             "PooledBuf::advance_mut: advancing by {cnt} bytes past the {spare} bytes of spare capacity"
@@ -494,7 +518,7 @@ unsafe impl BufMut for PooledBuf {
 
     #[inline]
     fn chunk_mut(&mut self) -> &mut UninitSlice {
-        if self.len == self.mem.cap {
+        if self.len == self.cap {
             // Full: grow by what `BytesMut` grows by when full.
             self.reserve(64);
         }
@@ -512,7 +536,7 @@ unsafe impl BufMut for PooledBuf {
     fn put_bytes(&mut self, val: u8, cnt: usize) {
         self.reserve(cnt);
         // SAFETY: `reserve` made room for `cnt` bytes after `len`.
-        unsafe { self.mem.ptr.as_ptr().add(self.len).write_bytes(val, cnt) };
+        unsafe { self.ptr.as_ptr().add(self.len).write_bytes(val, cnt) };
         self.len += cnt;
     }
 }
@@ -543,7 +567,7 @@ impl fmt::Debug for PooledBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PooledBuf")
             .field("len", &self.len)
-            .field("capacity", &self.mem.cap)
+            .field("capacity", &self.cap)
             .finish_non_exhaustive()
     }
 }

@@ -21,7 +21,7 @@ fn class_of_picks_the_smallest_class_that_holds_the_request() {
 }
 
 /// A frozen buffer is three words, so that `Bytes::from_owner`'s box (a count and the
-/// owner) is 32 bytes, the global allocators' 32-byte class, not the 64-byte one a whole
+/// owner) is 32 bytes, the global allocators' 32-byte class, not the 48-byte one a whole
 /// `PooledBuf` needs (see `buf::Frozen`).
 #[test]
 #[cfg(target_pointer_width = "64")]
@@ -29,6 +29,17 @@ fn a_frozen_buffer_is_three_words() {
     assert_eq!(
         std::mem::size_of::<buf::Frozen>(),
         3 * std::mem::size_of::<usize>()
+    );
+}
+
+/// A buffer is four words (pointer, capacity, length, and a source that carries the
+/// leak tracker's bit), so a move of it copies less (on 64-bit targets two 16-byte
+/// halves, not three; see `buf::PooledBuf`).
+#[test]
+fn a_pooled_buffer_is_four_words() {
+    assert_eq!(
+        std::mem::size_of::<buf::PooledBuf>(),
+        4 * std::mem::size_of::<usize>()
     );
 }
 
