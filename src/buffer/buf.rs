@@ -82,16 +82,6 @@ impl PooledBuf {
         }
     }
 
-    /// The memory as its allocator handed it out.
-    #[inline(always)]
-    fn parts(&self) -> Parts {
-        Parts {
-            ptr: self.ptr,
-            cap: self.cap,
-            tracked: self.source.tracked(),
-        }
-    }
-
     /// Bytes written.
     #[inline]
     pub fn len(&self) -> usize {
@@ -238,20 +228,21 @@ impl PooledBuf {
                 .as_ptr()
                 .copy_from_nonoverlapping(self.ptr.as_ptr(), self.len)
         };
-        let old = self.parts();
         // The buffer owns the new memory before anything else runs; the record (the
         // source's tracked bit, unchanged) follows the bytes, with the place of the
         // first allocation.
+        let (old_ptr, old_cap) = (self.ptr, self.cap);
         (self.ptr, self.cap) = (new.ptr, new.cap);
-        if old.tracked {
-            alloc.leaks.moved(old.ptr, new.ptr, new.cap);
+        if self.source.tracked() {
+            alloc.leaks.moved(old_ptr, new.ptr, new.cap);
         }
         // SAFETY: the old memory came from this allocator, and nothing refers to it any
         // more (the buffer now holds the new); the tracker's record moved with the bytes.
         unsafe {
             alloc.free_parts(&Parts {
+                ptr: old_ptr,
+                cap: old_cap,
                 tracked: false,
-                ..old
             })
         };
         Ok(())
@@ -304,9 +295,9 @@ impl PooledBuf {
 impl Drop for PooledBuf {
     #[inline]
     fn drop(&mut self) {
-        // SAFETY: the memory came from `source`'s allocator and is given back once, here;
+        // SAFETY: the buffer's memory, from `source`'s allocator, given back once, here;
         // `source` (an `Arc`'s count) is dropped after this.
-        unsafe { self.source.get().free_parts(&self.parts()) }
+        unsafe { self.source.free(self.ptr, self.cap) }
     }
 }
 
@@ -370,15 +361,10 @@ impl AsRef<[u8]> for Frozen {
 impl Drop for Frozen {
     #[inline]
     fn drop(&mut self) {
-        let parts = Parts {
-            ptr: self.ptr,
-            cap: self.cap as usize,
-            tracked: self.source.tracked(),
-        };
-        // SAFETY: the memory came from `source`'s allocator as `parts` (the buffer's,
-        // unchanged since the freeze) and is given back once, here; `source` is dropped
-        // after it, as a `PooledBuf`'s is.
-        unsafe { self.source.get().free_parts(&parts) }
+        // SAFETY: the buffer's memory (unchanged since the freeze), from `source`'s
+        // allocator, given back once, here; `source` is dropped after it, as a
+        // `PooledBuf`'s is.
+        unsafe { self.source.free(self.ptr, self.cap as usize) }
     }
 }
 
@@ -447,6 +433,24 @@ impl TaggedSource {
     #[inline(always)]
     fn tracked(&self) -> bool {
         self.0.addr().get() & Self::TRACKED != 0
+    }
+
+    /// Gives a buffer's memory (`cap` bytes at `ptr`) back to the allocator, and its
+    /// record to the leak tracker if it has one: the free of both owners, the writable
+    /// buffer and the frozen one.
+    ///
+    /// # Safety
+    /// `ptr` and `cap` are a buffer's memory as this source's allocator handed it out
+    /// (or as a growth left it), not used again.
+    #[inline(always)]
+    unsafe fn free(&self, ptr: NonNull<u8>, cap: usize) {
+        let parts = Parts {
+            ptr,
+            cap,
+            tracked: self.tracked(),
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.get().free_parts(&parts) }
     }
 }
 
