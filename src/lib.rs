@@ -113,8 +113,10 @@ pub use allocator_api2_04;
 /// two magazines per allocator belong to their threads, which alone may touch them:
 /// `trim_all` asks each of them to flush, and each does at its next slow path on any
 /// allocator, when it leaves a `with_local` call, or when it exits; a later `trim_all`
-/// then returns what they gave to the depots. See `docs/tuning.md` for what can and
-/// cannot come back.
+/// then returns what they gave to the depots. Then, with glibc, it asks glibc for its
+/// free memory back (`malloc_trim`), always: what proxalloc gave glibc before (spills
+/// over a depot budget, small trims) stays in glibc's bins until someone asks. See
+/// `docs/tuning.md` for what can and cannot come back.
 ///
 /// ```
 /// use proxalloc::ClassAllocator;

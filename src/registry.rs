@@ -182,10 +182,25 @@ pub(crate) fn all_sources() -> Vec<BlockSourceStats> {
     registered().iter().filter_map(|s| s.source()).collect()
 }
 
-/// Trims every live allocator; returns the bytes released. Needs no memory: a trim is
-/// what a program calls when memory runs out.
+/// Trims every live allocator, then asks the OS for the system allocator's free memory;
+/// returns the bytes released. Needs no memory: a trim is what a program calls when
+/// memory runs out.
 pub(crate) fn trim_all() -> usize {
-    trim_each(|f| for_each_registered(f), |s| s.trim())
+    trim_fully(|f| for_each_registered(f))
+}
+
+/// Trims (fully) every entry that `walk` passes to its callback, then asks the OS for the
+/// system allocator's free memory whatever they released; returns the bytes released.
+///
+/// The request is unconditional ([`trim_each`] asks only past a threshold) because what
+/// proxalloc gave the system allocator before, spills over a depot budget and trims below
+/// the threshold, stays in glibc's bins until someone asks, and `trim_all` is the call
+/// that asks for everything: with a small depot budget that is most of a burst.
+pub(crate) fn trim_fully(walk: impl FnOnce(&mut dyn FnMut(&dyn Registered))) -> usize {
+    let mut released = 0;
+    walk(&mut |s| released += s.trim());
+    crate::core::backing::ask_os_for_memory_back();
+    released
 }
 
 /// Gives back what every live allocator left unused since the previous call; returns the

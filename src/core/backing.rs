@@ -396,7 +396,9 @@ pub(crate) fn release_to_os(bytes: usize) {
     }
 }
 
-fn ask_os_for_memory_back() {
+/// glibc's `malloc_trim(0)` (elsewhere nothing): the system allocator's free memory back
+/// to the OS.
+pub(crate) fn ask_os_for_memory_back() {
     #[cfg(all(test, not(proxalloc_loom)))]
     OS_RELEASES.with(|n| n.set(n.get() + 1));
     #[cfg(all(

@@ -1,4 +1,4 @@
-use super::{trim_each, Registered};
+use super::{trim_each, trim_fully, Registered};
 use crate::core::backing::OS_RELEASES;
 use crate::{ClassAllocator, Config};
 
@@ -37,6 +37,41 @@ fn a_walk_of_trims_asks_the_os_once_for_what_they_release_together() {
         OS_RELEASES.with(|n| n.get()),
         before,
         "600 KiB per allocator: below the threshold each time"
+    );
+}
+
+/// A full trim (`trim_all`'s, here over two allocators only) asks the OS once even when
+/// it releases little or nothing: what went to the system allocator earlier (spills over
+/// a depot budget, small trims) is still in glibc's bins.
+#[test]
+fn a_full_trim_asks_the_os_whatever_it_releases() {
+    // No depot: every spill goes to the system allocator, and a trim finds nothing.
+    let config = Config::new().depot_bytes(0);
+    let a = ClassAllocator::<[u8; 1024]>::with_config("registry-os-release-full-a", config);
+    let b = ClassAllocator::<[u8; 64]>::with_config("registry-os-release-full-b", config);
+    drop((0..600).map(|_| a.alloc([0; 1024])).collect::<Vec<_>>());
+    let walk = |trim: &mut dyn FnMut(&dyn Registered)| {
+        for e in [a.engine(), b.engine()] {
+            trim(e as &dyn Registered);
+        }
+    };
+    let before = OS_RELEASES.with(|n| n.get());
+    let released = trim_fully(walk);
+    assert!(
+        released < 1 << 20,
+        "at most this thread's two magazines: {released}"
+    );
+    assert_eq!(
+        OS_RELEASES.with(|n| n.get()) - before,
+        1,
+        "below the threshold"
+    );
+    let before = OS_RELEASES.with(|n| n.get());
+    assert_eq!(trim_fully(walk), 0, "nothing left to release");
+    assert_eq!(
+        OS_RELEASES.with(|n| n.get()) - before,
+        1,
+        "nothing released"
     );
 }
 

@@ -13,6 +13,7 @@
 //! cargo run --release -p proxalloc-tools --bin idle_threads                  # all modes, a table
 //! cargo run --release -p proxalloc-tools --bin idle_threads -- --threads 1024
 //! cargo run --release -p proxalloc-tools --bin idle_threads -- --one caches|percpu|system
+//! cargo run --release -p proxalloc-tools --bin idle_threads -- --depot-bytes 0  # a depot budget
 //! ```
 
 use std::sync::{Arc, Barrier};
@@ -29,6 +30,12 @@ fn threads_arg(args: &[String]) -> usize {
         .position(|a| a == "--threads")
         .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or(THREADS)
+}
+
+/// The depot budget from `--depot-bytes N` (default: the allocators' own).
+fn depot_arg(args: &[String]) -> Option<usize> {
+    let i = args.iter().position(|a| a == "--depot-bytes")?;
+    Some(args.get(i + 1)?.parse().expect("--depot-bytes N"))
 }
 
 /// glibc's `malloc_trim(0)`: what a program using the system allocator alone calls to
@@ -52,8 +59,9 @@ struct Four {
 }
 
 impl Four {
-    fn new(mode: CacheMode) -> Self {
+    fn new(mode: CacheMode, depot_bytes: Option<usize>) -> Self {
         let cfg = Config::new().mode(mode);
+        let cfg = depot_bytes.map_or(cfg, |b| cfg.depot_bytes(b));
         Four {
             small: ClassAllocator::with_config("idle-64", cfg),
             medium: ClassAllocator::with_config("idle-512", cfg),
@@ -99,8 +107,8 @@ impl Four {
 }
 
 /// One mode in this process: prints one line of `key=value` figures.
-fn run(mode: CacheMode, nthreads: usize) {
-    let four: &'static Four = Box::leak(Box::new(Four::new(mode)));
+fn run(mode: CacheMode, nthreads: usize, depot_bytes: Option<usize>) {
+    let four: &'static Four = Box::leak(Box::new(Four::new(mode, depot_bytes)));
     let start = rss_kib();
     let idle = Arc::new(Barrier::new(nthreads + 1));
     let exit = Arc::new(Barrier::new(nthreads + 1));
@@ -142,11 +150,12 @@ fn run(mode: CacheMode, nthreads: usize) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let nthreads = threads_arg(&args);
+    let depot = depot_arg(&args);
     if let Some(i) = args.iter().position(|a| a == "--one") {
         match args.get(i + 1).map(String::as_str) {
-            Some("caches") => run(CacheMode::ThreadCaches, nthreads),
-            Some("percpu") => run(CacheMode::PerCpu, nthreads),
-            Some("system") => run(CacheMode::Bypass, nthreads),
+            Some("caches") => run(CacheMode::ThreadCaches, nthreads, depot),
+            Some("percpu") => run(CacheMode::PerCpu, nthreads, depot),
+            Some("system") => run(CacheMode::Bypass, nthreads, depot),
             other => panic!("--one caches|percpu|system, not {other:?}"),
         }
         return;
@@ -167,7 +176,12 @@ fn main() {
     );
     let n = nthreads.to_string();
     for mode in ["caches", "percpu", "system"] {
-        let out = fresh_process(&["--one", mode, "--threads", &n]);
+        let mut child = vec!["--one", mode, "--threads", &n];
+        let depot = depot.map(|b| b.to_string());
+        if let Some(b) = &depot {
+            child.extend(["--depot-bytes", b.as_str()]);
+        }
+        let out = fresh_process(&child);
         let line = String::from_utf8_lossy(&out.stdout);
         let get = |k: &str| -> String {
             line.split_whitespace()
