@@ -17,13 +17,16 @@
 # AB_OLD_FEATURES and AB_NEW_FEATURES set one side's features (default AB_FEATURES), so
 # one tree can be measured against itself with other features: `percpu,proxalloc/percpu`
 # builds the library with its own `percpu` feature too (per-CPU sequences inline).
+# AB_OLD_ENV and AB_NEW_ENV (default AB_ENV) are `NAME=VALUE` words set for that side's
+# cargo build, so one tree can be measured against itself in another build profile:
+# AB_NEW_ENV=CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1 (one codegen unit).
 # Sources and builds are kept under target/ab/ (a commit's build is reused); the
 # samples of each A/B are kept in target/ab/runs/<time>/.
 set -euo pipefail
 shopt -s inherit_errexit
 
 usage() {
-    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 fail() {
@@ -62,17 +65,24 @@ done
 features=${AB_FEATURES:-}
 old_features=${AB_OLD_FEATURES-$features}
 new_features=${AB_NEW_FEATURES-$features}
+build_env=${AB_ENV:-}
+old_env=${AB_OLD_ENV-$build_env}
+new_env=${AB_NEW_ENV-$build_env}
+for word in $old_env $new_env; do
+    [[ $word =~ ^[A-Z_][A-Z0-9_]*=[^[:space:]]*$ ]] || fail "AB_*ENV takes NAME=VALUE words, not $word"
+done
 [ "$old" != . ] || [ "$new" != . ] || [ "$old_features" != "$new_features" ] ||
-    fail "OLD and NEW are both the working tree, with the same features"
+    [ "$old_env" != "$new_env" ] ||
+    fail "OLD and NEW are both the working tree, with the same features and build environment"
 
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 out=$root/target/ab
 
 # Builds the harness against `$1`'s library into `$2` (a file this script owns, removed
 # first, so a failed build can never leave an older binary to be measured), with the
-# harness features `$3`.
+# harness features `$3` and the build environment `$4` (NAME=VALUE words).
 build() {
-    local rev=$1 dest=$2 features=$3 tree key tmp
+    local rev=$1 dest=$2 features=$3 build_env=$4 tree key tmp
     rm -f "$dest"
     if [ "$rev" = . ]; then
         tree=$root
@@ -95,17 +105,19 @@ build() {
         mkdir -p "$tree/tools/ab"
         tar -C "$root/tools/ab" -c Cargo.toml Cargo.lock src | tar -x -C "$tree/tools/ab"
     fi
-    echo "ab.sh: building the harness against $rev${features:+ with $features}" >&2
-    # Features change the library's code: each set has its own build.
+    echo "ab.sh: building the harness against $rev${features:+ with $features}${build_env:+ ($build_env)}" >&2
+    # Features and the build environment change the code: each has its own build.
     key=$key${features:+-${features//[,\/]/-}}
-    CARGO_TARGET_DIR=$out/build/$key cargo build --release --quiet \
+    [ -z "$build_env" ] || key=$key-env-$(printf '%s' "$build_env" | cksum | cut -d' ' -f1)
+    # shellcheck disable=SC2086 # NAME=VALUE words, checked above
+    env $build_env CARGO_TARGET_DIR="$out/build/$key" cargo build --release --quiet \
         --manifest-path "$tree/tools/ab/Cargo.toml" ${features:+--features "$features"} >&2 ||
         fail "the build against $rev failed"
     cp "$out/build/$key/release/proxalloc-ab" "$dest"
 }
 
 label() {
-    local features=${2:+, features $2}
+    local features=${2:+, features $2}${3:+, $3}
     if [ "$1" != . ]; then
         echo "$1 ($(git -C "$root" rev-parse --short "$1^{commit}")$features)"
     elif [ -n "$(git -C "$root" status --porcelain -- . ':!tools/ab')" ]; then
@@ -119,8 +131,8 @@ dir=$out/runs/$(date +%Y%m%d-%H%M%S)
 mkdir -p "$dir"
 # Each side's binary is copied out of its build folder: the working tree's is rebuilt
 # in place by the next A/B, and each run must stay on one build.
-build "$old" "$dir/old-bin" "$old_features"
-build "$new" "$dir/new-bin" "$new_features"
+build "$old" "$dir/old-bin" "$old_features" "$old_env"
+build "$new" "$dir/new-bin" "$new_features" "$new_env"
 
 echo "ab.sh: $runs runs of each build, alternating; samples in $dir" >&2
 echo "machine: $(uname -m), $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
@@ -134,6 +146,6 @@ done
 echo >&2
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
 echo
-"$dir/new-bin" report "$dir/old.tsv" "$dir/new.tsv" --old-label "$(label "$old" "$old_features")" --new-label "$(label "$new" "$new_features")"
+"$dir/new-bin" report "$dir/old.tsv" "$dir/new.tsv" --old-label "$(label "$old" "$old_features" "$old_env")" --new-label "$(label "$new" "$new_features" "$new_env")"
 # The samples stay; the binaries (tens of MB with their debug info) go.
 rm -f "$dir/old-bin" "$dir/new-bin"
