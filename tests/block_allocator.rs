@@ -78,6 +78,15 @@ fn every_block_comes_from_the_hook_and_goes_back() {
     }
     let dedicated = source.alloc_dedicated(70_000).unwrap();
     assert!(hook.holds(dedicated.ptr));
+    // Small dedicated blocks (0 included) are the 8 KiB class's: never a zero-sized or
+    // sub-class layout for the hook.
+    for s in [0, 1, 4096, 8192] {
+        let b = source.alloc_dedicated(s).unwrap();
+        assert_eq!(b.size, 8 << 10, "alloc_dedicated({s})");
+        assert!(hook.holds(b.ptr));
+        // SAFETY: from `source`, unchanged, not used again.
+        unsafe { source.free(b) };
+    }
 
     // Pools on other threads, with large and class blocks, dropped there. (Joined, not
     // scoped: a join also waits for the thread's exit, which flushes its caches.)

@@ -108,6 +108,33 @@ fn pool_drop_survives_a_payload_whose_drop_panics() {
     );
 }
 
+/// A pool dropped while its thread unwinds, whose cleanup panics with a payload whose
+/// own `Drop` panics: the pool's `Drop` cannot pass the panic on (a second one would
+/// abort), and must not let the payload's panic out either.
+#[test]
+fn pool_dropped_while_unwinding_contains_a_payload_whose_drop_panics() {
+    let src = BlockSource::new(1 << 20);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    let unwound = catch_unwind(AssertUnwindSafe(|| {
+        let pool = Pool::with_source(&src);
+        let _ = pool.alloc_str("x");
+        let _ = pool.on_clear(move || {
+            r.fetch_add(1, SeqCst);
+        });
+        let _ = pool.on_clear(|| std::panic::panic_any(Bomb));
+        panic!("the scope that owns the pool panics");
+    }));
+    assert!(unwound.is_err());
+    src.release_thread_cache();
+    let live: u64 = src.stats().iter().map(|s| s.live).sum();
+    assert_eq!(
+        (ran.load(SeqCst), live),
+        (1, 0),
+        "(cleanups run, blocks still out)"
+    );
+}
+
 // ---- 3. try_alloc_layout panics (instead of returning Err) for a layout whose block
 // size overflows Layout.
 

@@ -262,18 +262,26 @@ impl BlockSource {
 
     /// A block of at least `size` bytes sized to fit (4 KiB grain) rather than to a
     /// class, from the large-block cache; `None` if the system allocator fails. Free it
-    /// with [`free`](Self::free) like any other block.
+    /// with [`free`](Self::free) like any other block. Blocks are 8 KiB at least, as
+    /// every block of a source is: a smaller `size` (0 included) gets the 8 KiB class.
     ///
     /// ```
     /// let source = proxalloc::BlockSource::new(1 << 20);
     /// let b = source.alloc_dedicated(40_000).unwrap();
     /// assert_eq!(b.size, 40_960); // 10 × 4 KiB, not the 64 KiB class
+    /// let small = source.alloc_dedicated(0).unwrap();
+    /// assert_eq!(small.size, 8 << 10);
     /// // SAFETY: from `source`, not used again.
     /// unsafe { source.free(b) };
+    /// unsafe { source.free(small) };
     /// ```
     #[must_use = "a block not given back with `BlockSource::free` leaks"]
     pub fn alloc_dedicated(&self, size: usize) -> Option<RawBlock> {
-        let size = size.div_ceil(LARGE_GRAIN).saturating_mul(LARGE_GRAIN);
+        // Never a zero-sized layout for the system or the user's block allocator.
+        let size = size
+            .max(BLOCK_CLASSES[0])
+            .div_ceil(LARGE_GRAIN)
+            .saturating_mul(LARGE_GRAIN);
         if BLOCK_CLASSES.contains(&size) {
             return self.alloc(size);
         }

@@ -462,7 +462,12 @@ impl Drop for Pool<'_> {
         let panic = self.run_cleanups();
         self.release_blocks(true);
         if let Some(p) = panic {
-            if !std::thread::panicking() {
+            if std::thread::panicking() {
+                // Already unwinding: a second panic out of here would abort, so the
+                // cleanup's payload is dropped, and a payload whose own `Drop` panics
+                // is contained as the other cleanup paths contain it.
+                crate::core::backing::discard_panic(p);
+            } else {
                 resume_unwind(p);
             }
         }
