@@ -235,6 +235,17 @@ mod metrics_facade {
         }
     }
 
+    /// Held by every call of `record_metrics` here, and across a test's calls where
+    /// another test's call between them would change what they see: the names the
+    /// previous call reported are the process's, whichever recorder it used.
+    static RECORDING: Mutex<()> = Mutex::new(());
+
+    /// `record_metrics` into `capture`.
+    fn record(capture: &Capture) {
+        let _one_at_a_time = RECORDING.lock().unwrap_or_else(|e| e.into_inner());
+        metrics::with_local_recorder(capture, stats::record_metrics);
+    }
+
     #[test]
     fn record_metrics_sets_gauges_and_counters_by_name() {
         // Two allocators with one name: their rows are added up.
@@ -244,7 +255,7 @@ mod metrics_facade {
         let held_b: Vec<_> = (0..2).map(|_| b.alloc([0; 32])).collect();
         drop(a.alloc([0; 32]));
         let capture = Capture::default();
-        metrics::with_local_recorder(&capture, stats::record_metrics);
+        record(&capture);
         let values = capture.values.lock().unwrap();
         let get = |m: &str| values[&format!("{m}{{allocator=export-metrics}}")];
         assert_eq!(get("proxalloc_live_objects"), 5.0);
@@ -256,12 +267,44 @@ mod metrics_facade {
         drop((held_a, held_b));
     }
 
+    /// The last allocator of a name dropped: the next call zeroes that name's metrics
+    /// instead of leaving its gauges at their last values.
+    #[test]
+    fn a_dropped_allocators_gauges_go_to_zero() {
+        let a = ClassAllocator::<[u8; 48]>::new("export-metrics-dropped");
+        let held: Vec<_> = (0..4).map(|_| a.alloc([0; 48])).collect();
+        let capture = Capture::default();
+        let get = |m: &str| {
+            capture.values.lock().unwrap()[&format!("{m}{{allocator=export-metrics-dropped}}")]
+        };
+        // No other test's call between these two: it would zero the dropped name in
+        // its own recorder, and this one would not see it go.
+        let both = RECORDING.lock().unwrap_or_else(|e| e.into_inner());
+        metrics::with_local_recorder(&capture, stats::record_metrics);
+        assert_eq!(get("proxalloc_live_objects"), 4.0);
+        assert_eq!(get("proxalloc_reserved_bytes"), 4.0 * 48.0);
+        drop(held);
+        drop(a);
+        metrics::with_local_recorder(&capture, stats::record_metrics);
+        drop(both);
+        for m in [
+            "proxalloc_live_objects",
+            "proxalloc_thread_cached_objects",
+            "proxalloc_depot_cached_objects",
+            "proxalloc_cached_bytes",
+            "proxalloc_reserved_bytes",
+            "proxalloc_allocs_total",
+        ] {
+            assert_eq!(get(m), 0.0, "{m} after the allocator's drop");
+        }
+    }
+
     #[test]
     fn every_metric_is_described_with_its_kind_and_unit() {
         let a = ClassAllocator::<u64>::new("export-described");
         let x = a.alloc(1);
         let capture = Capture::default();
-        metrics::with_local_recorder(&capture, stats::record_metrics);
+        record(&capture);
         let values = capture.values.lock().unwrap();
         let described = capture.described.lock().unwrap();
         let names: std::collections::BTreeSet<&str> =
@@ -303,7 +346,7 @@ mod metrics_facade {
         let all = stats::block_sources();
         assert!(all.contains(&one.source_stats()) && all.contains(&two.source_stats()));
         let capture = Capture::default();
-        metrics::with_local_recorder(&capture, stats::record_metrics);
+        record(&capture);
         let values = capture.values.lock().unwrap();
         assert_eq!(values["proxalloc_pool_sources{}"], all.len() as f64);
         let max_free: usize = all.iter().map(|s| s.max_free).sum();
@@ -335,7 +378,7 @@ mod metrics_facade {
         assert!(all.contains(&mine));
 
         let capture = Capture::default();
-        metrics::with_local_recorder(&capture, stats::record_metrics);
+        record(&capture);
         let values = capture.values.lock().unwrap();
         let sum =
             |f: fn(&proxalloc::BlockSourceStats) -> u64| all.iter().map(f).sum::<u64>() as f64;

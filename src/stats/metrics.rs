@@ -202,6 +202,9 @@ fn set<R>(metric: &Metric<R>, v: u64, labels: &[(&'static str, &'static str)]) {
     }
 }
 
+/// The allocator names the previous [`record_metrics`] call reported.
+static REPORTED: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+
 /// Records every allocator's stats and the pool block sources' numbers through the
 /// [`metrics`] crate's facade, into whatever recorder the program installed (a
 /// Prometheus exporter, StatsD, ...). Call it periodically or before each scrape; each
@@ -242,7 +245,9 @@ fn set<R>(metric: &Metric<R>, v: u64, labels: &[(&'static str, &'static str)]) {
 /// | `proxalloc_pool_sources` | gauge | count | block sources alive |
 ///
 /// Counters are set to their absolute values; one goes down only when an allocator
-/// of that name is dropped (exporters read that as a counter reset).
+/// of that name is dropped (exporters read that as a counter reset). When the last
+/// allocator of a name is gone, the next call sets that name's metrics to 0, once, so
+/// its gauges do not keep showing objects and bytes that no longer exist.
 ///
 /// ```
 /// use proxalloc::{stats, ClassAllocator};
@@ -288,6 +293,23 @@ pub fn record_metrics() {
             set(m, v, &[("allocator", sum.name)]);
         }
     }
+    // Names reported before and gone now: zero once, or their gauges would stay at
+    // their last values for as long as the exporter runs. (A poisoned lock only means
+    // another call panicked while setting values: the list is still a list.)
+    let mut reported = REPORTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for gone in reported
+        .iter()
+        .filter(|n| !sums.iter().any(|s| s.name == **n))
+    {
+        for m in &per_allocator {
+            set(m, 0, &[("allocator", gone)]);
+        }
+    }
+    reported.clear();
+    reported.extend(sums.iter().map(|s| s.name));
+    drop(reported);
     for (m, v) in POOL_SOURCES.iter().zip(sources) {
         set(m, v, &[]);
     }
