@@ -49,7 +49,8 @@ macro_rules! define_stats {
             /// Objects in users' hands now (`allocs - frees`): cached objects are not counted.
             pub live: u64,
             /// Free objects held in thread caches (all threads), or in CPU caches with
-            /// [`CacheMode::PerCpu`](crate::CacheMode::PerCpu).
+            /// [`CacheMode::PerCpu`](crate::CacheMode::PerCpu): the objects reserved and
+            /// neither live nor in the depot (see [`is_consistent`](Self::is_consistent)).
             pub cached_in_threads: u64,
             /// Free objects held in the depot.
             pub cached_in_depot: u64,
@@ -113,10 +114,19 @@ impl Stats {
         self.reserved_objects() * self.object_size as u64
     }
 
-    /// Whether every object is accounted for exactly once: `live == allocs - frees` and
-    /// `live + cached_in_threads + cached_in_depot` equals the objects reserved from the
-    /// backing allocator. Always true of a snapshot taken while no other thread
-    /// allocates or frees.
+    /// Whether the counters agree: no more frees than allocations, `live == allocs -
+    /// frees`, and `live + cached_in_threads + cached_in_depot` equals the objects
+    /// reserved from the backing allocator. Always true of a snapshot taken while no
+    /// other thread allocates or frees.
+    ///
+    /// What it cannot see: the objects in thread and CPU caches belong to their threads
+    /// and are not counted one by one when a snapshot is taken (that would read memory
+    /// other threads write); `cached_in_threads` is what is reserved and neither live nor
+    /// in the depot. So an object lost inside the allocator would show up as cached, and
+    /// this check only fails where the counters contradict each other outright. To prove
+    /// that nothing is lost, let the other threads exit (their caches go to the depot),
+    /// [`trim`](crate::ClassAllocator::trim), and check that
+    /// [`reserved_objects`](Self::reserved_objects) equals `live`.
     ///
     /// ```
     /// let a = proxalloc::ClassAllocator::<u32>::new("doc-consistent");
