@@ -189,13 +189,15 @@ impl Tracker {
     pub(super) fn on_free(&self, ptr: NonNull<u8>) {
         let mut live = self.live();
         let removed = live.by_address.remove(&(ptr.as_ptr() as usize));
+        if let Some(r) = &removed {
+            live.by_age.remove(&r.seq);
+        }
+        // Checked with the lock released: nothing panics while it is held.
+        drop(live);
         debug_assert!(
             removed.is_some(),
             "a recorded buffer was not in the tracker"
         );
-        if let Some(r) = removed {
-            live.by_age.remove(&r.seq);
-        }
     }
 
     /// A recorded buffer's bytes moved to `to` (it grew), keeping its record.

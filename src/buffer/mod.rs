@@ -439,7 +439,8 @@ impl BufferAllocator {
                     )
                 };
                 let o = self.oversize_counters();
-                o.frees.fetch_add(1, Ordering::Relaxed);
+                // Release: a `stats()` that sees this free sees the buffer's alloc.
+                o.frees.fetch_add(1, Ordering::Release);
                 o.live_bytes.fetch_sub(parts.cap as u64, Ordering::Relaxed);
             }
         }

@@ -25,8 +25,10 @@ impl Oversize {
     }
 
     pub(super) fn stats(&self) -> Stats {
-        // Frees first: a free that races the read is never counted without its alloc.
-        let frees = self.frees.load(Ordering::Relaxed);
+        // Frees first, with Acquire against the free's Release: the buffer's alloc
+        // happened before its free, so a free seen here is never counted without its
+        // alloc, and `live` never reads low.
+        let frees = self.frees.load(Ordering::Acquire);
         let allocs = self.allocs.load(Ordering::Relaxed);
         Stats {
             name: "buffers-oversize",
