@@ -187,3 +187,76 @@ fn a_panicking_free_block_is_contained() {
     // The hook freed each block before it panicked; nothing unwound out of the source.
     assert_eq!(hook.live(), 0);
 }
+
+/// A block allocator that panics on its k-th request and fails the (k+2)-th, under a pool
+/// making class, large and page-aligned requests across `clear` and drop: each failure
+/// reaches the caller (a panic or an error), the pool's books stay sane, and every block
+/// goes back to the allocator in the end.
+#[test]
+fn a_block_allocator_that_panics_or_fails_midway_loses_no_block() {
+    #[derive(Default)]
+    struct Flaky {
+        live: std::sync::atomic::AtomicIsize,
+        calls: AtomicUsize,
+        panic_at: AtomicUsize,
+        fail_at: AtomicUsize,
+    }
+    // SAFETY: memory from `System`, with the requested layout.
+    unsafe impl BlockAllocator for Flaky {
+        fn alloc_block(&self, layout: Layout) -> Option<NonNull<u8>> {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+            if n == self.panic_at.load(Ordering::SeqCst) {
+                panic!("alloc_block panics (on purpose)");
+            }
+            if n == self.fail_at.load(Ordering::SeqCst) {
+                return None;
+            }
+            assert!(layout.size() >= BLOCK_CLASSES[0]);
+            self.live.fetch_add(1, Ordering::SeqCst);
+            // SAFETY: a non-zero size (checked above).
+            NonNull::new(unsafe { System.alloc(layout) })
+        }
+        unsafe fn free_block(&self, ptr: NonNull<u8>, layout: Layout) {
+            self.live.fetch_sub(1, Ordering::SeqCst);
+            // SAFETY: allocated in `alloc_block` with `layout`.
+            unsafe { System.dealloc(ptr.as_ptr(), layout) }
+        }
+    }
+
+    let flaky = Arc::new(Flaky::default());
+    {
+        let source = BlockSource::with_block_allocator(1 << 20, flaky.clone());
+        let rounds = if cfg!(miri) { 3 } else { 12 };
+        for k in 1..rounds {
+            flaky.calls.store(0, Ordering::SeqCst);
+            flaky.panic_at.store(k, Ordering::SeqCst);
+            flaky.fail_at.store(k + 2, Ordering::SeqCst);
+            let mut pool = Pool::with_source(&source);
+            let sizes = [100, 9000, 20_000, 40_000, 70_000, 200_000, 10, 60_000];
+            for (i, &size) in sizes.iter().cycle().take(24).enumerate() {
+                let align = if i % 3 == 0 { 4096 } else { 8 };
+                let layout = Layout::from_size_align(size, align).unwrap();
+                let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    pool.try_alloc_layout(layout)
+                }));
+                if let Ok(Ok(p)) = got {
+                    assert_eq!(p.as_ptr() as usize % align, 0);
+                    // SAFETY: `size` bytes handed out by the pool.
+                    unsafe { p.as_ptr().write_bytes(0xAB, size) };
+                }
+                let s = pool.stats();
+                assert!(s.used_bytes <= s.retained_bytes, "{s:?}");
+            }
+            pool.clear();
+            assert_eq!(pool.alloc_str("after clear"), "after clear");
+        }
+        source.release_thread_cache();
+        let live: u64 = source.stats().iter().map(|s| s.live).sum();
+        assert_eq!(live, 0, "blocks still counted live: {:?}", source.stats());
+    }
+    assert_eq!(
+        flaky.live.load(Ordering::SeqCst),
+        0,
+        "blocks that never went back to the block allocator"
+    );
+}

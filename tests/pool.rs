@@ -503,3 +503,39 @@ fn allocator_api2_04_collections_work_in_a_pool() {
         "the last allocation went back on drop"
     );
 }
+
+/// Alignments past a block (up to 2^40 for a zero-sized request) and sizes around the
+/// point where a request gets a block of its own: every pointer aligned, the books sane,
+/// an impossible layout an error, and nothing left live after the pool.
+#[test]
+#[cfg_attr(miri, ignore)] // megabyte-aligned blocks; the arithmetic is the same natively
+fn alignments_past_a_block_and_sizes_at_the_dedicated_edge() {
+    let source = BlockSource::new(1 << 20);
+    let mut pool = Pool::with_source(&source);
+    for round in 0..3u8 {
+        for (size, align) in [
+            (8, 1 << 17),
+            (1, 1 << 20),
+            (0, 1 << 40),
+            (70_000, 4096),
+            (65_472, 8),
+            (65_473, 8),
+            (3, 32 << 10),
+            (1, 64 << 10),
+        ] {
+            let layout = Layout::from_size_align(size, align).unwrap();
+            let p = pool.try_alloc_layout(layout).unwrap();
+            assert_eq!(p.as_ptr() as usize % align, 0, "size {size}, align {align}");
+            // SAFETY: `size` bytes handed out by the pool.
+            unsafe { p.as_ptr().write_bytes(round, size) };
+            let s = pool.stats();
+            assert!(s.used_bytes <= s.retained_bytes, "{s:?}");
+        }
+        let impossible = Layout::from_size_align(isize::MAX as usize / 2, 1 << 30).unwrap();
+        assert!(pool.try_alloc_layout(impossible).is_err());
+        pool.clear();
+    }
+    drop(pool);
+    source.release_thread_cache();
+    assert_eq!(source.stats().iter().map(|s| s.live).sum::<u64>(), 0);
+}
