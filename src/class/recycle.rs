@@ -83,7 +83,8 @@ pub trait Recycle: Sized + Send + 'static {
     /// Resets `self` for its next user, or returns `false` to have it dropped instead
     /// (for example when a buffer grew past a bound; shrinking it with `shrink_to` and
     /// returning `true` is the other choice). If it panics, the value is dropped and the
-    /// panic continues.
+    /// panic continues (if the value's `Drop` panics too, that is a panic during
+    /// unwinding, and Rust aborts the process).
     ///
     /// ```
     /// use proxalloc::{Recycle, RecyclingAllocator};
