@@ -196,7 +196,7 @@ pub(crate) fn trim_all() -> usize {
 /// proxalloc gave the system allocator before, spills over a depot budget and trims below
 /// the threshold, stays in glibc's bins until someone asks, and `trim_all` is the call
 /// that asks for everything: with a small depot budget that is most of a burst.
-pub(crate) fn trim_fully(walk: impl FnOnce(&mut dyn FnMut(&dyn Registered))) -> usize {
+fn trim_fully(walk: impl FnOnce(&mut dyn FnMut(&dyn Registered))) -> usize {
     let mut released = 0;
     walk(&mut |s| released += s.trim());
     crate::core::backing::ask_os_for_memory_back();
