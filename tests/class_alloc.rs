@@ -309,6 +309,7 @@ fn thread_cache_bound_shrinks_magazines_of_large_objects() {
         "two magazines of four 1 KiB objects: {s}"
     );
     assert_conserved(&s);
+    assert_all_returned(&a);
 }
 
 #[test]
@@ -477,6 +478,7 @@ fn free_during_thread_local_teardown_does_not_panic_or_leak() {
     let s = LATE.stats();
     assert_eq!((s.allocs, s.frees, s.live), (8, 8, 0), "{s}");
     assert_conserved(&s);
+    assert_all_returned(&LATE);
 }
 
 /// Allocators past a thread's inline caches have boxed caches, whose addresses the
@@ -519,6 +521,7 @@ fn boxed_caches_are_out_of_reach_after_the_thread_exit_teardown() {
         assert_eq!((s.live, s.threads), (0, 0), "{s}");
         assert_eq!(s.allocs, 4, "{s}");
         assert_conserved(&s);
+        assert_all_returned(a);
     }
 }
 
@@ -606,6 +609,7 @@ fn many_threads_random_ops_match_a_model() {
     // Objects still in channels were dropped with them (counted by the allocator only).
     assert_eq!(s.live, 0, "{s}");
     assert_eq!(s.frees, s.allocs);
+    assert_all_returned(&a);
 }
 
 #[test]

@@ -60,4 +60,11 @@ fn a_counter_added_in_one_line_reaches_stats_rows_dumps_serde_and_metrics() {
     // Zeroed with the rest when a cache is reused.
     cache.reset();
     assert_eq!(cache.probe.get(), 0);
+
+    // The books the probe was added to stay exact: once trimmed, nothing is reserved
+    // that is not live (`is_consistent` alone would count a lost object as cached).
+    a.trim();
+    let s = a.stats();
+    assert!(s.is_consistent(), "{s}");
+    assert_eq!((s.live, s.reserved_objects()), (0, 0), "{s}");
 }
