@@ -6,22 +6,9 @@ use std::sync::Arc;
 
 use proxalloc::{ClassAllocator, Owned};
 
-/// Nothing lost inside the allocator: `is_consistent` cannot see an object dropped in a
-/// spill, flush or trim (it would count as cached), so at a quiescent point (every other
-/// thread joined, its cache flushed at exit) trim everything and check that what is still
-/// reserved from the backing allocator is exactly what is live, and what is live is what
-/// the test still holds.
-fn assert_nothing_lost<T>(a: &ClassAllocator<T>, still_held: u64) {
-    a.trim();
-    let s = a.stats();
-    assert!(s.is_consistent(), "{s}");
-    assert_eq!(s.live, still_held, "{s}");
-    assert_eq!(
-        s.reserved_objects(),
-        s.live,
-        "objects lost inside the allocator: {s}"
-    );
-}
+#[path = "common/books.rs"]
+mod books;
+use books::assert_nothing_lost;
 
 #[test]
 fn an_owned_handle_moves_into_a_spawned_thread_and_keeps_its_allocator_alive() {
