@@ -8,18 +8,11 @@ use std::io::Write;
 use std::sync::{Arc, Barrier};
 
 use bytes::{BufMut, Bytes};
-use proxalloc::{
-    BufferAllocator, BufferError, BufferStats, LeakLevel, Pool, BUFFER_ALIGN, BUFFER_CLASSES,
-};
+use proxalloc::{BufferAllocator, BufferError, LeakLevel, Pool, BUFFER_ALIGN, BUFFER_CLASSES};
 
-/// Every buffer handed out came back: nothing live, and each class's books balance.
-fn assert_all_back(s: &BufferStats) {
-    for row in s.classes.iter().chain([&s.oversize]) {
-        assert_eq!(row.allocs, row.frees, "{row:?}");
-        assert_eq!(row.live, 0, "{row:?}");
-    }
-    assert_eq!(s.oversize_live_bytes, 0);
-}
+#[path = "common/buffer_books.rs"]
+mod buffer_books;
+use buffer_books::assert_all_back;
 
 #[test]
 fn each_request_gets_the_smallest_class_that_holds_it_and_reports_its_real_capacity() {

@@ -14,13 +14,9 @@ use std::sync::Arc;
 use bytes::{Buf, BufMut, Bytes};
 use proxalloc::{BufferAllocator, BufferError, LeakLevel, BUFFER_CLASSES};
 
-fn all_back(s: &proxalloc::BufferStats) {
-    for row in s.classes.iter().chain([&s.oversize]) {
-        assert_eq!(row.allocs, row.frees, "{row:?}");
-        assert_eq!(row.live, 0, "{row:?}");
-    }
-    assert_eq!(s.oversize_live_bytes, 0);
-}
+#[path = "common/buffer_books.rs"]
+mod buffer_books;
+use buffer_books::assert_all_back as all_back;
 
 /// Bytes kept in a thread-local that was initialised before proxalloc's own thread
 /// state: at thread exit it is dropped after that state is torn down.
