@@ -172,7 +172,10 @@ mod metrics_facade {
             *self.0.lock().unwrap().entry(self.1.clone()).or_default() += v as f64;
         }
         fn absolute(&self, v: u64) {
-            self.0.lock().unwrap().insert(self.1.clone(), v as f64);
+            // "At least" `v`, as the `metrics` crate's contract has it.
+            let mut values = self.0.lock().unwrap();
+            let e = values.entry(self.1.clone()).or_default();
+            *e = e.max(v as f64);
         }
     }
 
@@ -293,10 +296,50 @@ mod metrics_facade {
             "proxalloc_depot_cached_objects",
             "proxalloc_cached_bytes",
             "proxalloc_reserved_bytes",
-            "proxalloc_allocs_total",
         ] {
             assert_eq!(get(m), 0.0, "{m} after the allocator's drop");
         }
+        // A counter keeps its largest value.
+        assert_eq!(get("proxalloc_allocs_total"), 4.0);
+    }
+
+    /// A recorder that calls `record_metrics` back from inside a call: the inner call
+    /// returns at once (it would wait on the outer call's lock for ever).
+    #[test]
+    fn a_recorder_that_calls_back_does_not_deadlock() {
+        struct CallsBack(Capture);
+        impl Recorder for CallsBack {
+            fn describe_counter(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+                self.0.describe_counter(key, unit, help);
+            }
+            fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+                self.0.describe_gauge(key, unit, help);
+            }
+            fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+                self.0.describe_histogram(key, unit, help);
+            }
+            fn register_counter(&self, key: &Key, m: &Metadata<'_>) -> Counter {
+                stats::record_metrics();
+                self.0.register_counter(key, m)
+            }
+            fn register_gauge(&self, key: &Key, m: &Metadata<'_>) -> Gauge {
+                stats::record_metrics();
+                self.0.register_gauge(key, m)
+            }
+            fn register_histogram(&self, key: &Key, m: &Metadata<'_>) -> Histogram {
+                self.0.register_histogram(key, m)
+            }
+        }
+        let a = ClassAllocator::<[u8; 40]>::new("export-metrics-calls-back");
+        drop(a.alloc([0; 40]));
+        let recorder = CallsBack(Capture::default());
+        let _one_at_a_time = RECORDING.lock().unwrap_or_else(|e| e.into_inner());
+        metrics::with_local_recorder(&recorder, stats::record_metrics);
+        let values = recorder.0.values.lock().unwrap();
+        assert_eq!(
+            values["proxalloc_allocs_total{allocator=export-metrics-calls-back}"],
+            1.0
+        );
     }
 
     #[test]

@@ -169,10 +169,10 @@ unsafe fn unlink(head: &mut *mut BlockHeader, target: *mut BlockHeader) {
 impl<'s> Pool<'s> {
     /// Allocates memory for `layout` (uninitialised), or an error if the source fails.
     ///
-    /// Blocks are aligned to [`BLOCK_ALIGN`](crate::BLOCK_ALIGN); a request aligned to
-    /// more than the room left in a block gets a block of its own with room for the
-    /// padding, so an alignment of `A` bytes can cost up to `A` bytes of memory (a
-    /// 1 GiB-aligned byte takes a block of over 1 GiB).
+    /// Alignment is paid in padding: a request whose size plus alignment is more than the
+    /// largest block class holds gets a block of its own with room for the padding, so
+    /// an alignment of `A` bytes can cost about `A` bytes of memory (a 1 GiB-aligned
+    /// byte takes a block of over 1 GiB).
     ///
     /// ```
     /// use std::alloc::Layout;

@@ -244,10 +244,13 @@ static REPORTED: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec
 /// | `proxalloc_pool_large_cached_bytes` | gauge | bytes | large blocks cached |
 /// | `proxalloc_pool_sources` | gauge | count | block sources alive |
 ///
-/// Counters are set to their absolute values; one goes down only when an allocator
-/// of that name is dropped (exporters read that as a counter reset). When the last
-/// allocator of a name is gone, the next call sets that name's metrics to 0, once, so
-/// its gauges do not keep showing objects and bytes that no longer exist.
+/// Counters are set with `absolute` to their sums over the name's live allocators, which
+/// a recorder keeps only if larger (the `metrics` crate's contract): a counter does not
+/// go down when an allocator of its name is dropped. When the last allocator of a name is
+/// gone, the next call sets that name's gauges to 0, once, so they do not keep showing
+/// objects and bytes that no longer exist. Calls are serialised (a second thread's call
+/// waits for the first); a call made from inside one, by a recorder, returns at once.
+/// Which names were reported is kept for the process, not per recorder.
 ///
 /// ```
 /// use proxalloc::{stats, ClassAllocator};
@@ -258,6 +261,28 @@ static REPORTED: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec
 /// # drop(r);
 /// ```
 pub fn record_metrics() {
+    std::thread_local! {
+        /// Set while this thread is inside `record_metrics` (a recorder calling it back).
+        static INSIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    /// Clears `INSIDE` however the call ends.
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            let _ = INSIDE.try_with(|i| i.set(false));
+        }
+    }
+    if INSIDE.try_with(|i| i.replace(true)).unwrap_or(true) {
+        return;
+    }
+    let _leave = Leave;
+    // One call at a time, from the registry's snapshot to the last value set: the names
+    // it reports must be the ones it set, or a call with an older snapshot could zero a
+    // name a newer one reported. (A poisoned lock only means another call panicked in a
+    // recorder: the list is still a list.)
+    let mut reported = REPORTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     describe();
     let per_allocator = per_allocator();
     /// One name's rows added up.
@@ -293,23 +318,22 @@ pub fn record_metrics() {
             set(m, v, &[("allocator", sum.name)]);
         }
     }
-    // Names reported before and gone now: zero once, or their gauges would stay at
-    // their last values for as long as the exporter runs. (A poisoned lock only means
-    // another call panicked while setting values: the list is still a list.)
-    let mut reported = REPORTED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Names reported before and gone now: their gauges to 0, once, or they would stay at
+    // their last values for as long as the exporter runs. (Counters are left: a recorder
+    // keeps a counter's largest value.)
     for gone in reported
         .iter()
         .filter(|n| !sums.iter().any(|s| s.name == **n))
     {
-        for m in &per_allocator {
+        for m in per_allocator
+            .iter()
+            .filter(|m| matches!(m.kind, Kind::Gauge))
+        {
             set(m, 0, &[("allocator", gone)]);
         }
     }
     reported.clear();
     reported.extend(sums.iter().map(|s| s.name));
-    drop(reported);
     for (m, v) in POOL_SOURCES.iter().zip(sources) {
         set(m, v, &[]);
     }
