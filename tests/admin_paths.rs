@@ -335,17 +335,9 @@ fn destroying_a_value_that_frees_into_the_same_allocator_loses_nothing() {
             .collect();
         drop(parents);
     }
-    // Destroying a parent frees its child into this thread's cache again: trim until
-    // nothing comes back.
-    let mut rounds = 0;
-    while NODES.trim() > 0 {
-        rounds += 1;
-        assert!(rounds < 100, "trim never settles");
-    }
-    let s = NODES.stats();
-    assert!(s.is_consistent(), "objects lost or counted twice: {s}");
-    assert_eq!(s.live, 0, "{s}");
-    assert_eq!(s.reserved_bytes(), 0, "{s}");
+    // Destroying a parent frees its child into this thread's cache again: the macro
+    // trims until nothing comes back.
+    assert_nothing_lost!(NODES, 0);
     assert_eq!(
         DROPPED.load(Ordering::SeqCst),
         CREATED.load(Ordering::SeqCst)

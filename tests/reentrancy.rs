@@ -17,23 +17,16 @@ fn serial() -> MutexGuard<'static, ()> {
     S.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Consistent books with `live` objects live, and nothing lost inside the allocator:
-/// `is_consistent` cannot see an object dropped in a spill, flush or trim (it would count
-/// as cached), so (at a quiescent point: every other thread joined) trim everything and
-/// check that what is still reserved from the backing allocator is exactly what is live.
+#[path = "common/books.rs"]
+mod books;
+
+/// Consistent books with `live` objects live, and (at a quiescent point: every other
+/// thread joined) nothing lost inside the allocator.
 fn check<T>(a: &ClassAllocator<T>, live: u64) {
     let s = a.stats();
     assert!(s.is_consistent(), "inconsistent {s}");
     assert_eq!(s.live, live, "{s}");
-    a.trim();
-    let s = a.stats();
-    assert!(s.is_consistent(), "inconsistent {s}");
-    assert_eq!(s.live, live, "{s}");
-    assert_eq!(
-        s.reserved_objects(),
-        live,
-        "objects lost inside the allocator: {s}"
-    );
+    books::assert_nothing_lost(a, live);
 }
 
 /// A per-CPU allocator from three threads: `alloc_arc`, `release_thread_cache`, `trim`
