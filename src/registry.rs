@@ -192,11 +192,15 @@ pub(crate) fn trim_all() -> usize {
 /// Trims (fully) every entry that `walk` passes to its callback, then asks the OS for the
 /// system allocator's free memory whatever they released; returns the bytes released.
 ///
-/// The request is unconditional ([`trim_each`] asks only past a threshold) because what
-/// proxalloc gave the system allocator before, spills over a depot budget and trims below
-/// the threshold, stays in glibc's bins until someone asks, and `trim_all` is the call
-/// that asks for everything: with a small depot budget that is most of a burst.
+/// The last request is unconditional ([`trim_each`] asks only past a threshold) because
+/// `trim_all` is the call that asks for everything. The first, before the trims, is for
+/// what proxalloc gave the system allocator since its last request (spills over a depot
+/// budget, small trims), if anything: asked for in two steps, glibc keeps less resident
+/// than when the trims' release joins those bytes in its bins first (256 idle threads
+/// after their bursts: 0.84–0.91× glibc's own footprint after `malloc_trim`, against
+/// 0.92–1.06× with one request; `docs/benchmarks.md`).
 fn trim_fully(walk: impl FnOnce(&mut dyn FnMut(&dyn Registered))) -> usize {
+    crate::core::backing::release_any_to_os();
     let mut released = 0;
     walk(&mut |s| released += s.trim());
     crate::core::backing::ask_os_for_memory_back();
@@ -218,7 +222,7 @@ pub(crate) fn trim_each(
 ) -> usize {
     let mut released = 0;
     walk(&mut |s| released += trim(s));
-    crate::core::backing::release_to_os(released);
+    crate::core::backing::release_to_os();
     released
 }
 

@@ -409,7 +409,7 @@ impl<T> ClassAllocator<T> {
     /// ```
     pub fn trim(&self) -> usize {
         let released = cache::trim(self.engine()) * std::mem::size_of::<T>();
-        crate::core::backing::release_to_os(released);
+        crate::core::backing::release_to_os();
         released
     }
 
@@ -441,7 +441,7 @@ impl<T> ClassAllocator<T> {
     /// ```
     pub fn trim_idle(&self) -> usize {
         let released = cache::trim_idle(self.engine()) * std::mem::size_of::<T>();
-        crate::core::backing::release_to_os(released);
+        crate::core::backing::release_to_os();
         released
     }
 
@@ -492,6 +492,9 @@ impl<T> Drop for ClassAllocator<T> {
             // SAFETY: `&mut self`: no handle or borrow of the allocator is left, so no
             // thread can be using it; the allocator's strong count is given up here.
             unsafe { cache::shutdown(&engine) };
+            // Here, not in the shutdown: an engine that lost the race to be published is
+            // shut down on an allocation's slow path, which must not walk glibc's heap.
+            crate::core::backing::release_to_os();
         }
     }
 }

@@ -328,6 +328,9 @@ impl Backing {
             }
         }
         self.frees.add_shared(objects.len() as u64);
+        if self.memory.is_none() {
+            gave_to_system(objects.len() * self.layout.size());
+        }
     }
 
     /// Size of one object in bytes.
@@ -381,24 +384,76 @@ pub(crate) fn discard_panic(mut payload: Box<dyn std::any::Any + Send>) {
     std::mem::forget(payload);
 }
 
-/// Asks the C allocator to return free memory to the OS after a release of `bytes`, if
-/// that is 1 MiB or more: glibc keeps freed small blocks in its bins (not returning them
-/// even when all are free), so without this a trimmed spike would stay resident. Other
-/// platforms return memory on their own schedule.
-///
-/// Called once per public trim (an allocator's, a block source's, `trim_all`) with
-/// everything it released, and when an allocator is dropped: many allocators that each
-/// release a little add up (`malloc_trim` walks glibc's whole heap, so it is not called
-/// per allocator either).
-pub(crate) fn release_to_os(bytes: usize) {
-    if bytes >= 1 << 20 {
-        ask_os_for_memory_back();
+/// Bytes that proxalloc gave the global allocator in batches (depot spills over a budget,
+/// trims, flushes, an allocator's drop) since it last asked the OS for memory back: glibc
+/// keeps freed small blocks in its bins, even when all of them are free, until someone
+/// calls `malloc_trim`. A process-wide hint (a std atomic even under loom): read and
+/// reset with no other memory depending on it.
+static GIVEN_SINCE_ASKED: sync::process::AtomicU64 = sync::process::AtomicU64::new(0);
+
+/// Requests proxalloc made for memory back to the OS (see [`ask_os_for_memory_back`]).
+static ASKED: sync::process::AtomicU64 = sync::process::AtomicU64::new(0);
+
+/// `(requests for memory back so far, bytes given in batches since the last)`: see
+/// [`crate::stats::system_trims`].
+pub(crate) fn system_trims() -> (u64, u64) {
+    use sync::Ordering::Relaxed;
+    (ASKED.load(Relaxed), GIVEN_SINCE_ASKED.load(Relaxed))
+}
+
+/// What [`release_to_os`] waits for before it asks: `malloc_trim` walks glibc's whole heap,
+/// so not for every small release.
+pub(crate) const ASK_THRESHOLD: u64 = 1 << 20;
+
+/// Counts `bytes` given to the global allocator in one batch (see [`GIVEN_SINCE_ASKED`]).
+/// Single objects freed one at a time (bypass mode, a thread without a cache) are not
+/// counted: they are what any program frees, and one shared counter per free would cost
+/// the threads that free them.
+pub(crate) fn gave_to_system(bytes: usize) {
+    if bytes > 0 {
+        GIVEN_SINCE_ASKED.fetch_add(bytes as u64, sync::Ordering::Relaxed);
     }
 }
 
-/// glibc's `malloc_trim(0)` (elsewhere nothing): the system allocator's free memory back
-/// to the OS.
+/// Asks the C allocator to return free memory to the OS if proxalloc gave it 1 MiB or more
+/// ([`ASK_THRESHOLD`]) since it last asked, whoever gave it and whenever: a trim's release,
+/// and the spills over depot budgets between trims, which are most of a burst when the
+/// budget is small. Other platforms return memory on their own schedule.
+///
+/// Called once per public trim (an allocator's, a block source's, `trim_idle`), and when
+/// an allocator is dropped, never on an allocation or free. Of two trims that end at once,
+/// one asks (the count is taken whole, so none of it is lost either).
+pub(crate) fn release_to_os() {
+    use sync::Ordering::Relaxed;
+    let past_threshold = |given| (given >= ASK_THRESHOLD).then_some(0);
+    if GIVEN_SINCE_ASKED
+        .fetch_update(Relaxed, Relaxed, past_threshold)
+        .is_ok()
+    {
+        request_memory_back();
+    }
+}
+
+/// Asks the C allocator to return free memory to the OS if proxalloc gave it anything since
+/// it last asked (see [`release_to_os`] for the threshold that other trims keep).
+pub(crate) fn release_any_to_os() {
+    use sync::Ordering::Relaxed;
+    if GIVEN_SINCE_ASKED.swap(0, Relaxed) > 0 {
+        request_memory_back();
+    }
+}
+
+/// glibc's `malloc_trim(0)` (elsewhere nothing), whatever was given since the last
+/// request: the system allocator's free memory back to the OS.
 pub(crate) fn ask_os_for_memory_back() {
+    GIVEN_SINCE_ASKED.store(0, sync::Ordering::Relaxed);
+    request_memory_back();
+}
+
+/// The request itself, its count zeroed by the caller before it (what is given while it
+/// runs may be too late for it, and counts towards the next).
+fn request_memory_back() {
+    ASKED.fetch_add(1, sync::Ordering::Relaxed);
     #[cfg(all(test, not(proxalloc_loom)))]
     OS_RELEASES.with(|n| n.set(n.get() + 1));
     #[cfg(all(
@@ -414,6 +469,22 @@ pub(crate) fn ask_os_for_memory_back() {
         // SAFETY: glibc's `malloc_trim` has no preconditions.
         unsafe { malloc_trim(0) };
     }
+}
+
+/// Whether a request was made after the count was `before` (for tests, which share the
+/// count with other tests' threads). A request zeroes the bytes given before it counts
+/// itself, so a thread whose bytes another thread's request took may look a moment
+/// before that count moves: wait for it (a few instructions away, unless that thread is
+/// descheduled) rather than fail.
+#[cfg(all(test, not(proxalloc_loom)))]
+pub(crate) fn requested_since(before: u64) -> bool {
+    for _ in 0..5_000 {
+        if system_trims().0 > before {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    false
 }
 
 #[cfg(all(test, not(proxalloc_loom)))]

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
 use super::{BlockAllocator, RawBlock, BLOCK_ALIGN};
-use crate::core::backing::free_user_block;
+use crate::core::backing::{free_user_block, gave_to_system};
 use crate::core::budget::ByteBudget;
 use crate::core::idle::IdleWatch;
 use crate::registry::Registered;
@@ -150,8 +150,11 @@ impl Large {
     /// again.
     unsafe fn free_memory(&self, p: NonNull<u8>, layout: Layout) {
         match &self.memory {
-            // SAFETY: forwarded from the caller.
-            None => unsafe { sync::dealloc(p.as_ptr(), layout) },
+            None => {
+                // SAFETY: forwarded from the caller.
+                unsafe { sync::dealloc(p.as_ptr(), layout) };
+                gave_to_system(layout.size());
+            }
             // SAFETY: forwarded from the caller.
             Some(m) => unsafe { free_user_block(&**m, p, layout) },
         }

@@ -64,6 +64,43 @@ pub fn percpu_status() -> PerCpuStatus {
     }
 }
 
+/// How proxalloc has asked the system allocator to return free memory to the OS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct SystemTrims {
+    /// Requests made so far: glibc's `malloc_trim(0)` on Linux with glibc (elsewhere the
+    /// request is counted and nothing is called). [`trim_all`](crate::trim_all) makes one
+    /// every time; the other trims, and an allocator's drop, once `given_since` reaches
+    /// 1 MiB.
+    pub requests: u64,
+    /// Bytes of objects and blocks that proxalloc gave the global allocator in batches
+    /// (spills over a depot budget, trims, flushes, drops) since its last request: glibc
+    /// keeps them in its bins, resident, until someone asks. Single objects freed one at
+    /// a time (bypass mode, a thread without a cache) are not counted.
+    pub given_since: u64,
+}
+
+/// How proxalloc has asked the system allocator for memory back, process-wide.
+///
+/// ```
+/// use proxalloc::{ClassAllocator, Config};
+/// // No depot: whatever a thread's cache cannot keep goes to the global allocator.
+/// static SPILLS: ClassAllocator<[u8; 4096]> =
+///     ClassAllocator::with_config("doc-system-trims", Config::new().depot_bytes(0));
+/// let before = proxalloc::stats::system_trims().requests;
+/// drop((0..1000).map(|_| SPILLS.alloc([0; 4096])).collect::<Vec<_>>());
+/// proxalloc::trim_all(); // always asks
+/// let after = proxalloc::stats::system_trims();
+/// assert!(after.requests > before);
+/// ```
+pub fn system_trims() -> SystemTrims {
+    let (requests, given_since) = crate::core::backing::system_trims();
+    SystemTrims {
+        requests,
+        given_since,
+    }
+}
+
 /// Stats of every allocator in the process that has been used and not dropped, in the
 /// order they were first used.
 ///

@@ -467,7 +467,9 @@ impl Engine {
     /// The allocator is being dropped (the caller has retired this thread's cache): the
     /// administrative side takes what other threads and CPUs hold, the depot is released
     /// now, and every other thread releases its cache at its next slow path or exit (the
-    /// engine stays alive, held by those threads' tables, until they have).
+    /// engine stays alive, held by those threads' tables, until they have). It does not
+    /// ask the OS for memory back: an engine that lost the race to be published is shut
+    /// down on an allocation's slow path (`ClassAllocator::drop` asks).
     ///
     /// # Safety
     /// No thread can allocate or free through the allocator any more (its owner is being
@@ -475,12 +477,11 @@ impl Engine {
     pub(crate) unsafe fn shutdown(&self) {
         let shared = self.shared();
         // SAFETY: forwarded.
-        let released = unsafe {
+        unsafe {
             self.admin
-                .shutdown(&self.depot, self.percpu.as_ref().map(|pc| (pc, &shared)))
-        };
-        let released = released + self.depot.trim();
-        super::backing::release_to_os(released * self.backing().object_size());
+                .shutdown(&self.depot, self.percpu.as_ref().map(|pc| (pc, &shared)));
+        }
+        self.depot.trim();
         ids::release(self.index);
     }
 

@@ -14,7 +14,12 @@
 //! cargo run --release -p proxalloc-tools --bin idle_threads -- --threads 1024
 //! cargo run --release -p proxalloc-tools --bin idle_threads -- --one caches|percpu|system
 //! cargo run --release -p proxalloc-tools --bin idle_threads -- --depot-bytes 0  # a depot budget
+//! cargo run --release -p proxalloc-tools --bin idle_threads -- --trim-idle  # trim_idle first
 //! ```
+//!
+//! `--trim-idle` calls `proxalloc::trim_idle()` twice, 5 ms apart, before `trim_all`, as a
+//! server's maintenance task would, and reports RSS after it (`system` calls nothing
+//! there: glibc alone gives back only what `malloc_trim` asks for).
 
 use std::sync::{Arc, Barrier};
 
@@ -36,6 +41,11 @@ fn threads_arg(args: &[String]) -> usize {
 fn depot_arg(args: &[String]) -> Option<usize> {
     let i = args.iter().position(|a| a == "--depot-bytes")?;
     Some(args.get(i + 1)?.parse().expect("--depot-bytes N"))
+}
+
+/// Whether `--trim-idle` was given.
+fn trim_idle_arg(args: &[String]) -> bool {
+    args.iter().any(|a| a == "--trim-idle")
 }
 
 /// glibc's `malloc_trim(0)`: what a program using the system allocator alone calls to
@@ -107,7 +117,7 @@ impl Four {
 }
 
 /// One mode in this process: prints one line of `key=value` figures.
-fn run(mode: CacheMode, nthreads: usize, depot_bytes: Option<usize>) {
+fn run(mode: CacheMode, nthreads: usize, depot_bytes: Option<usize>, trim_idle: bool) {
     let four: &'static Four = Box::leak(Box::new(Four::new(mode, depot_bytes)));
     let start = rss_kib();
     let idle = Arc::new(Barrier::new(nthreads + 1));
@@ -126,6 +136,14 @@ fn run(mode: CacheMode, nthreads: usize, depot_bytes: Option<usize>) {
     let (in_threads, in_depots) = four.cached_kib();
     let granted = proxalloc::thread_cache_budget().0 >> 10;
     let idle_rss = rss_kib();
+    let (mut idle_released, mut idle_trimmed_rss) = (0, idle_rss);
+    if trim_idle && mode != CacheMode::Bypass {
+        idle_released = proxalloc::trim_idle(); // starts the interval
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        idle_released += proxalloc::trim_idle();
+        idle_released >>= 10;
+        idle_trimmed_rss = rss_kib();
+    }
     let released = proxalloc::trim_all() >> 10;
     if mode == CacheMode::Bypass {
         malloc_trim();
@@ -139,7 +157,8 @@ fn run(mode: CacheMode, nthreads: usize, depot_bytes: Option<usize>) {
     let (in_threads_exit, _) = four.cached_kib();
     println!(
         "mode={:?} start={start} idle_rss={idle_rss} in_threads={in_threads} in_depots={in_depots} \
-         granted={granted} released={released} trimmed_rss={trimmed_rss} \
+         granted={granted} idle_released={idle_released} idle_trimmed_rss={idle_trimmed_rss} \
+         released={released} trimmed_rss={trimmed_rss} \
          in_threads_after={in_threads_after} in_depots_after={in_depots_after} \
          exit_rss={} in_threads_exit={in_threads_exit}",
         four.small.mode(),
@@ -151,23 +170,26 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let nthreads = threads_arg(&args);
     let depot = depot_arg(&args);
+    let trim_idle = trim_idle_arg(&args);
     if let Some(i) = args.iter().position(|a| a == "--one") {
         match args.get(i + 1).map(String::as_str) {
-            Some("caches") => run(CacheMode::ThreadCaches, nthreads, depot),
-            Some("percpu") => run(CacheMode::PerCpu, nthreads, depot),
-            Some("system") => run(CacheMode::Bypass, nthreads, depot),
+            Some("caches") => run(CacheMode::ThreadCaches, nthreads, depot, trim_idle),
+            Some("percpu") => run(CacheMode::PerCpu, nthreads, depot, trim_idle),
+            Some("system") => run(CacheMode::Bypass, nthreads, depot, trim_idle),
             other => panic!("--one caches|percpu|system, not {other:?}"),
         }
         return;
     }
     println!("{nthreads} threads, a burst of {BURST} objects each in 4 allocators (64 B to 8 KiB), then idle; KiB");
     println!(
-        "{:<8} {:>9} {:>10} {:>11} {:>10} {:>8} {:>9} {:>12} {:>11} {:>9}",
+        "{:<8} {:>9} {:>10} {:>11} {:>10} {:>9} {:>9} {:>8} {:>9} {:>12} {:>11} {:>9}",
         "mode",
         "idle RSS",
         "in threads",
         "in depots",
         "granted",
+        "trim_idle",
+        "RSS after",
         "trim_all",
         "RSS after",
         "threads after",
@@ -181,6 +203,9 @@ fn main() {
         if let Some(b) = &depot {
             child.extend(["--depot-bytes", b.as_str()]);
         }
+        if trim_idle {
+            child.push("--trim-idle");
+        }
         let out = fresh_process(&child);
         let line = String::from_utf8_lossy(&out.stdout);
         let get = |k: &str| -> String {
@@ -189,12 +214,14 @@ fn main() {
                 .unwrap_or_default()
         };
         println!(
-            "{:<8} {:>9} {:>10} {:>11} {:>10} {:>8} {:>9} {:>12} {:>11} {:>9}",
+            "{:<8} {:>9} {:>10} {:>11} {:>10} {:>9} {:>9} {:>8} {:>9} {:>12} {:>11} {:>9}",
             mode,
             get("idle_rss"),
             get("in_threads"),
             get("in_depots"),
             get("granted"),
+            get("idle_released"),
+            get("idle_trimmed_rss"),
             get("released"),
             get("trimmed_rss"),
             get("in_threads_after"),
