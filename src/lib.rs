@@ -114,9 +114,11 @@ pub use allocator_api2_04;
 /// `trim_all` asks each of them to flush, and each does at its next slow path on any
 /// allocator, when it leaves a `with_local` call, or when it exits; a later `trim_all`
 /// then returns what they gave to the depots. Then, with glibc, it asks glibc for its
-/// free memory back (`malloc_trim`), always: what proxalloc gave glibc before (spills
-/// over a depot budget, small trims) stays in glibc's bins until someone asks. See
-/// `docs/tuning.md` for what can and cannot come back.
+/// free memory back (`malloc_trim`), always, and before the trims too if proxalloc gave
+/// glibc anything since its last request: what proxalloc gave glibc before (spills over
+/// a depot budget, small trims) stays in glibc's bins until someone asks. See
+/// `docs/tuning.md` for what can and cannot come back, and
+/// [`stats::system_trims`] for the requests.
 ///
 /// ```
 /// use proxalloc::ClassAllocator;
@@ -146,7 +148,9 @@ pub fn trim_all() -> usize {
 /// magazines per allocator come back when it next runs, as after `trim_all`), while a
 /// busy one keeps what it used, so memory comes back after a burst without the refills
 /// that a periodic `trim_all` would cost (Bonwick's depot working set, which his
-/// magazine allocator reaps from on memory pressure).
+/// magazine allocator reaps from on memory pressure). With glibc, it then asks glibc for
+/// its free memory back (`malloc_trim`) if proxalloc has given glibc 1 MiB or more since
+/// its last request, by this release or by spills over depot budgets since.
 ///
 /// ```
 /// use proxalloc::{ClassAllocator, Config};

@@ -196,9 +196,8 @@ pub(crate) fn trim_all() -> usize {
 /// `trim_all` is the call that asks for everything. The first, before the trims, is for
 /// what proxalloc gave the system allocator since its last request (spills over a depot
 /// budget, small trims), if anything: asked for in two steps, glibc keeps less resident
-/// than when the trims' release joins those bytes in its bins first (256 idle threads
-/// after their bursts: 0.84–0.91× glibc's own footprint after `malloc_trim`, against
-/// 0.92–1.06× with one request; `docs/benchmarks.md`).
+/// than when the trims' release joins those bytes in its bins first (measured with idle
+/// threads after their bursts: `docs/benchmarks.md`, "Two requests in `trim_all`").
 fn trim_fully(walk: impl FnOnce(&mut dyn FnMut(&dyn Registered))) -> usize {
     crate::core::backing::release_any_to_os();
     let mut released = 0;
