@@ -213,8 +213,9 @@ pub(crate) fn trim_idle() -> usize {
 }
 
 /// Trims (with `trim`) every entry that `walk` passes to its callback, then asks the OS
-/// once for what they released together; returns the bytes released. (`trim_all`,
-/// `trim_idle`, and a block source's own trims over its classes and large blocks.)
+/// once, if what was given to the system allocator since the last request (their release
+/// included) reaches the threshold; returns the bytes released. (`trim_idle`, a buffer
+/// allocator's trims, and a block source's own trims over its classes and large blocks.)
 pub(crate) fn trim_each(
     walk: impl FnOnce(&mut dyn FnMut(&dyn Registered)),
     trim: impl Fn(&dyn Registered) -> usize,

@@ -1,14 +1,20 @@
 //! When proxalloc asks the system allocator for its free memory back (glibc's
-//! `malloc_trim`): at a trim or an allocator's drop, once the bytes it gave the global
-//! allocator in batches since its last request (trims' releases and the spills over depot
-//! budgets between them) reach 1 MiB; and at every `trim_all` (twice when anything was
-//! given since the last request: before its trims and after).
+//! `malloc_trim`): at a trim, once the bytes it gave the global allocator in batches since
+//! its last request (trims' releases and the spills over depot budgets between them)
+//! reach 1 MiB; at every `trim_all` (twice when anything was given since the last
+//! request: before its trims and after); and at an allocator's or a block source's drop
+//! only for a release of 1 MiB of its own (the last `Arc` of an allocator may be dropped
+//! by any thread's free).
 //!
 //! One test in a process of its own: every other test's spills and trims would move the
 //! process-wide count, so only here can it be checked exactly, requests not made included.
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
 use proxalloc::stats::{system_trims, SystemTrims};
-use proxalloc::{BlockSource, ClassAllocator, Config};
+use proxalloc::{BlockAllocator, BlockSource, ClassAllocator, Config, Owned};
 
 type Kib = [u8; 1024];
 
@@ -21,6 +27,21 @@ fn burst(a: &ClassAllocator<Kib>, n: usize) {
 
 fn now() -> SystemTrims {
     system_trims()
+}
+
+/// A user's block allocator: its memory is not glibc's to keep, so it is not counted.
+struct UserBlocks;
+
+// SAFETY: the memory comes from `System` with the same layout.
+unsafe impl BlockAllocator for UserBlocks {
+    fn alloc_block(&self, layout: Layout) -> Option<NonNull<u8>> {
+        // SAFETY: block layouts are never zero-sized.
+        NonNull::new(unsafe { System.alloc(layout) })
+    }
+    unsafe fn free_block(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: allocated above with this layout.
+        unsafe { System.dealloc(ptr.as_ptr(), layout) }
+    }
 }
 
 #[test]
@@ -108,6 +129,22 @@ fn requests_follow_the_bytes_given_since_the_last() {
     unsafe { source.free(block) };
     assert_eq!(now().given_since, given + released + (256 << 10));
 
+    // A user's block allocator's memory is not counted, large blocks or classes.
+    let user = BlockSource::with_block_allocator(0, Arc::new(UserBlocks));
+    let given = now().given_since;
+    for size in [8 << 10, 256 << 10] {
+        let block = user.alloc(size).expect("memory");
+        // SAFETY: from `user`, not used again.
+        unsafe { user.free(block) };
+    }
+    user.trim();
+    drop(user);
+    assert_eq!(
+        now().given_since,
+        given,
+        "the user's blocks are not glibc's"
+    );
+
     // An allocator's drop releases what it cached, and asks past the threshold.
     let dropped = ClassAllocator::<Kib>::with_config("system-trims-dropped", roomy);
     burst(&dropped, 1100);
@@ -121,6 +158,47 @@ fn requests_follow_the_bytes_given_since_the_last() {
         },
         "1,100 KiB released by the drop"
     );
+
+    // But not for others' spills: the last `Owned` handle of a small allocator drops it
+    // on a free, which must not walk glibc's heap for what another allocator spilled.
+    burst(&tight, 2000);
+    let spilled = now();
+    assert!(spilled.given_since >= THRESHOLD);
+    let small = Arc::new(ClassAllocator::<u64>::new("system-trims-owned"));
+    let handle: Owned<u64> = small.alloc_arc(7);
+    drop(small);
+    drop(handle); // the allocator's last `Arc`
+    assert_eq!(
+        now().requests,
+        spilled.requests,
+        "a drop asks for its own release only"
+    );
+    // Nor a block source's drop for less than 1 MiB of its own; for 1 MiB, it does.
+    for cached in [768 << 10, 1 << 20] {
+        let source = BlockSource::new(4 << 20);
+        let blocks: Vec<_> = (0..cached / (256 << 10))
+            .map(|_| source.alloc(256 << 10).expect("memory"))
+            .collect();
+        for b in blocks {
+            // SAFETY: from `source`, not used again.
+            unsafe { source.free(b) };
+        }
+        let before = now();
+        drop(source);
+        let asked = u64::from(cached >= 1 << 20);
+        assert_eq!(
+            now().requests,
+            before.requests + asked,
+            "{cached} B of its own"
+        );
+    }
+
+    // Exactly the threshold asks.
+    assert_eq!(now().given_since, 0);
+    burst(&a, 1024);
+    let before = now();
+    assert_eq!(a.trim() as u64, THRESHOLD);
+    assert_eq!(now().requests, before.requests + 1, "1 MiB exactly");
 
     // `trim_all` asks with nothing given since: once, after its trims.
     proxalloc::trim_all();

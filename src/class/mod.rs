@@ -206,8 +206,10 @@ impl<T> ClassAllocator<T> {
                 self.hints.set(e);
                 crate::registry::register::<Engine>(&self.engine.arc());
             }
-            // SAFETY: ours was never published or used.
-            Some(ours) => unsafe { cache::shutdown(&ours) },
+            Some(ours) => {
+                // SAFETY: ours was never published or used (it releases nothing).
+                unsafe { cache::shutdown(&ours) };
+            }
         }
         e
     }
@@ -491,10 +493,11 @@ impl<T> Drop for ClassAllocator<T> {
         if let Some(engine) = self.engine.take() {
             // SAFETY: `&mut self`: no handle or borrow of the allocator is left, so no
             // thread can be using it; the allocator's strong count is given up here.
-            unsafe { cache::shutdown(&engine) };
+            let released = unsafe { cache::shutdown(&engine) };
             // Here, not in the shutdown: an engine that lost the race to be published is
-            // shut down on an allocation's slow path, which must not walk glibc's heap.
-            crate::core::backing::release_to_os();
+            // shut down on an allocation's slow path, which must not walk glibc's heap;
+            // and for what this allocator released alone (see `release_dropped_to_os`).
+            crate::core::backing::release_dropped_to_os(released);
         }
     }
 }

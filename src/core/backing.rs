@@ -385,7 +385,8 @@ pub(crate) fn discard_panic(mut payload: Box<dyn std::any::Any + Send>) {
 }
 
 /// Bytes that proxalloc gave the global allocator in batches (depot spills over a budget,
-/// trims, flushes, an allocator's drop) since it last asked the OS for memory back: glibc
+/// trims, flushes, an allocator's drop), and pool large blocks as they are freed, since
+/// it last asked the OS for memory back: glibc
 /// keeps freed small blocks in its bins, even when all of them are free, until someone
 /// calls `malloc_trim`. A process-wide hint (a std atomic even under loom): read and
 /// reset with no other memory depending on it.
@@ -405,7 +406,8 @@ pub(crate) fn system_trims() -> (u64, u64) {
 /// so not for every small release.
 pub(crate) const ASK_THRESHOLD: u64 = 1 << 20;
 
-/// Counts `bytes` given to the global allocator in one batch (see [`GIVEN_SINCE_ASKED`]).
+/// Counts `bytes` given to the global allocator in one batch, or one large block (see
+/// [`GIVEN_SINCE_ASKED`]).
 /// Single objects freed one at a time (bypass mode, a thread without a cache) are not
 /// counted: they are what any program frees, and one shared counter per free would cost
 /// the threads that free them.
@@ -420,9 +422,9 @@ pub(crate) fn gave_to_system(bytes: usize) {
 /// and the spills over depot budgets between trims, which are most of a burst when the
 /// budget is small. Other platforms return memory on their own schedule.
 ///
-/// Called once per public trim (an allocator's, a block source's, `trim_idle`), and when
-/// an allocator is dropped, never on an allocation or free. Of two trims that end at once,
-/// one asks (the count is taken whole, so none of it is lost either).
+/// Called once per public trim (an allocator's, a block source's, `trim_idle`): calls
+/// that a program makes to give memory back. Of two trims that end at once, one asks (the
+/// count is taken whole, so none of it is lost either).
 pub(crate) fn release_to_os() {
     use sync::Ordering::Relaxed;
     let past_threshold = |given| (given >= ASK_THRESHOLD).then_some(0);
@@ -431,6 +433,17 @@ pub(crate) fn release_to_os() {
         .is_ok()
     {
         request_memory_back();
+    }
+}
+
+/// Asks the C allocator to return free memory to the OS after a drop (an allocator's, a
+/// block source's) that released `bytes`, if those alone are 1 MiB or more: the last
+/// handle of an allocator shared by `Arc` (`Owned`, a frozen buffer) drops it on whatever
+/// thread frees that handle, which must not pay a walk of glibc's heap for other
+/// allocators' spills. What it asks for includes them.
+pub(crate) fn release_dropped_to_os(bytes: usize) {
+    if bytes as u64 >= ASK_THRESHOLD {
+        ask_os_for_memory_back();
     }
 }
 

@@ -434,8 +434,7 @@ impl Drop for BlockSource {
     fn drop(&mut self) {
         // The class allocators drop themselves (returning their cached blocks); the large
         // cache is emptied here.
-        self.large.trim();
-        crate::core::backing::release_to_os();
+        crate::core::backing::release_dropped_to_os(self.large.trim());
     }
 }
 
@@ -447,7 +446,7 @@ mod tests {
     /// A source's classes that each give back less than the threshold for asking the OS,
     /// and more together: its `trim` asks, once.
     #[test]
-    fn a_source_trim_asks_the_os_once_for_what_its_classes_release_together() {
+    fn a_source_trim_asks_the_os_for_what_its_classes_release_together() {
         let source = BlockSource::new(4 << 20);
         // 320 KiB in each class, taken and given back.
         let cache_blocks = || {

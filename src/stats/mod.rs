@@ -70,13 +70,18 @@ pub fn percpu_status() -> PerCpuStatus {
 pub struct SystemTrims {
     /// Requests made so far: glibc's `malloc_trim(0)` on Linux with glibc (elsewhere the
     /// request is counted and nothing is called). [`trim_all`](crate::trim_all) makes one
-    /// every time; the other trims, and an allocator's drop, once `given_since` reaches
-    /// 1 MiB.
+    /// every time, and one more before its trims if `given_since` is not 0; the other
+    /// trims make one once `given_since` reaches 1 MiB; an allocator's or a block
+    /// source's drop, only when it releases 1 MiB itself (the last handle of an
+    /// allocator shared by `Arc` may drop it on any thread's free). Nothing else on an
+    /// allocation or a free.
     pub requests: u64,
     /// Bytes of objects and blocks that proxalloc gave the global allocator in batches
-    /// (spills over a depot budget, trims, flushes, drops) since its last request: glibc
-    /// keeps them in its bins, resident, until someone asks. Single objects freed one at
-    /// a time (bypass mode, a thread without a cache) are not counted.
+    /// (spills over a depot budget, trims, flushes, drops), and pool large blocks as they
+    /// are freed, since its last request: glibc keeps them in its bins, resident, until
+    /// someone asks. Single objects freed one at a time (bypass mode, a thread without a
+    /// cache) and the memory of a user's [`BlockAllocator`](crate::BlockAllocator) are
+    /// not counted.
     pub given_since: u64,
 }
 

@@ -320,11 +320,11 @@ pub(crate) fn trim_idle(e: &Engine) -> usize {
 
 /// The allocator of `e` is being dropped: this thread's cache is retired now; the depot
 /// and other threads' stashes are released, and other threads are asked to retire
-/// their caches (see [`Engine::shutdown`]).
+/// their caches (see [`Engine::shutdown`]). Returns the bytes released.
 ///
 /// # Safety
 /// As for [`Engine::shutdown`].
-pub(crate) unsafe fn shutdown(e: &Engine) {
+pub(crate) unsafe fn shutdown(e: &Engine) -> usize {
     table::uninstall(e);
     // SAFETY: forwarded.
     unsafe { e.shutdown() }

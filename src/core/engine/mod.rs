@@ -469,20 +469,22 @@ impl Engine {
     /// now, and every other thread releases its cache at its next slow path or exit (the
     /// engine stays alive, held by those threads' tables, until they have). It does not
     /// ask the OS for memory back: an engine that lost the race to be published is shut
-    /// down on an allocation's slow path (`ClassAllocator::drop` asks).
+    /// down on an allocation's slow path (`ClassAllocator::drop` asks). Returns the bytes
+    /// released.
     ///
     /// # Safety
     /// No thread can allocate or free through the allocator any more (its owner is being
     /// dropped).
-    pub(crate) unsafe fn shutdown(&self) {
+    pub(crate) unsafe fn shutdown(&self) -> usize {
         let shared = self.shared();
         // SAFETY: forwarded.
-        unsafe {
+        let released = unsafe {
             self.admin
-                .shutdown(&self.depot, self.percpu.as_ref().map(|pc| (pc, &shared)));
-        }
-        self.depot.trim();
+                .shutdown(&self.depot, self.percpu.as_ref().map(|pc| (pc, &shared)))
+        };
+        let released = released + self.depot.trim();
         ids::release(self.index);
+        released * self.backing().object_size()
     }
 
     /// A snapshot of the counters.
