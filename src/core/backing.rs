@@ -386,10 +386,9 @@ pub(crate) fn discard_panic(mut payload: Box<dyn std::any::Any + Send>) {
 
 /// Bytes that proxalloc gave the global allocator in batches (depot spills over a budget,
 /// trims, flushes, an allocator's drop), and pool large blocks as they are freed, since
-/// it last asked the OS for memory back: glibc
-/// keeps freed small blocks in its bins, even when all of them are free, until someone
-/// calls `malloc_trim`. A process-wide hint (a std atomic even under loom): read and
-/// reset with no other memory depending on it.
+/// it last asked the OS for memory back: glibc keeps freed small blocks in its bins, even
+/// when all of them are free, until someone calls `malloc_trim`. A process-wide hint (a
+/// std atomic even under loom): read and reset with no other memory depending on it.
 static GIVEN_SINCE_ASKED: sync::process::AtomicU64 = sync::process::AtomicU64::new(0);
 
 /// Requests proxalloc made for memory back to the OS (see [`ask_os_for_memory_back`]).
@@ -407,10 +406,9 @@ pub(crate) fn system_trims() -> (u64, u64) {
 pub(crate) const ASK_THRESHOLD: u64 = 1 << 20;
 
 /// Counts `bytes` given to the global allocator in one batch, or one large block (see
-/// [`GIVEN_SINCE_ASKED`]).
-/// Single objects freed one at a time (bypass mode, a thread without a cache) are not
-/// counted: they are what any program frees, and one shared counter per free would cost
-/// the threads that free them.
+/// [`GIVEN_SINCE_ASKED`]). Single objects freed one at a time (bypass mode, a thread
+/// without a cache) are not counted: they are what any program frees, and one shared
+/// counter per free would cost the threads that free them.
 pub(crate) fn gave_to_system(bytes: usize) {
     if bytes > 0 {
         GIVEN_SINCE_ASKED.fetch_add(bytes as u64, sync::Ordering::Relaxed);

@@ -1,5 +1,5 @@
 use super::{trim_each, trim_fully, Registered};
-use crate::core::backing::OS_RELEASES;
+use crate::core::backing::{requested_since, OS_RELEASES};
 use crate::{ClassAllocator, Config};
 
 /// Process-wide requests to the OS so far. Other tests' trims ask too, so these tests
@@ -9,8 +9,6 @@ use crate::{ClassAllocator, Config};
 fn requests() -> u64 {
     crate::core::backing::system_trims().0
 }
-
-use crate::core::backing::requested_since;
 
 /// Allocators that each release less than the threshold for asking the OS, and more
 /// together: a walk over them asks once, at its end; and two separate trims ask by the
@@ -90,7 +88,8 @@ fn a_full_trim_asks_the_os_whatever_it_releases() {
     );
 }
 
-/// One allocator's `trim` and `trim_idle` that release a megabyte ask the OS (the single-allocator spike that `malloc_trim` is called for).
+/// One allocator's `trim` and `trim_idle` that release a megabyte ask the OS (the
+/// single-allocator spike that `malloc_trim` is called for).
 #[test]
 fn an_allocators_trim_and_trim_idle_ask_the_os_for_a_megabyte() {
     let a = ClassAllocator::<[u8; 1024]>::with_config(
