@@ -167,6 +167,34 @@ pub fn trim_idle() -> usize {
     registry::trim_idle()
 }
 
+/// Sets what proxalloc calls when it asks the global allocator for its free memory back
+/// ([`stats::system_trims`] says when: every [`trim_all`], other trims once it has given
+/// the global allocator 1 MiB since the last request). `None`, the default, is glibc's
+/// `malloc_trim(0)` on Linux with glibc and nothing elsewhere; a program that installs
+/// another global allocator sets that allocator's own call (mimalloc's `mi_collect`,
+/// jemalloc's `arena.<i>.purge`), so that what proxalloc gives back leaves the process
+/// whatever allocator is underneath. (glibc's `malloc_trim` still matters there for what
+/// C libraries allocate: call it from the hook too if so.)
+///
+/// The hook runs on the thread that trims (or drops an allocator), with no lock of
+/// proxalloc held, so it may allocate; a request it makes itself (a trim inside the
+/// hook) is counted and calls nothing; a panic in it is caught and discarded.
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// static CALLS: AtomicUsize = AtomicUsize::new(0);
+/// // With mimalloc installed, this would call `libmimalloc_sys::mi_collect(true)`.
+/// proxalloc::set_system_trim(Some(|| {
+///     CALLS.fetch_add(1, Ordering::Relaxed);
+/// }));
+/// proxalloc::trim_all(); // always asks
+/// assert!(CALLS.load(Ordering::Relaxed) >= 1);
+/// proxalloc::set_system_trim(None); // glibc's malloc_trim again
+/// ```
+pub fn set_system_trim(trim: Option<fn()>) {
+    crate::core::backing::set_system_trim(trim);
+}
+
 /// Sets the process-wide thread-cache budget: the bytes by which all threads' caches,
 /// over all allocators, may grow beyond their first two magazines (default 32 MiB). A
 /// thread cache grows (see [`Config::thread_cache_growth_bytes`]) only with a grant from

@@ -162,6 +162,7 @@ fn runtime(threads: usize) -> tokio::runtime::Runtime {
 /// shutdown and the allocator dump.
 fn serve(a: &Args) {
     let mode = a.mode.unwrap_or_else(Mode::crate_default);
+    global::install_system_trim(crate::GLOBAL.current());
     let allocs = Allocators::leak(mode);
     let seconds = if a.seconds.is_nan() { 0.0 } else { a.seconds };
     let runtime = runtime(a.threads);
@@ -667,7 +668,10 @@ many-core machine, measured 137,070 -> 259,192 fetches/s when its global freelis
 per-thread caches. CPU caches hold memory per CPU, thread caches per thread (a server with
 a few worker threads per core shows little difference; one with many threads, idle ones
 above all, shows it). Memory: proxalloc keeps what its caches hold (the dump's reserved bytes; the
-pools' free blocks up to the block source's 2 MiB), and each global allocator keeps its own.";
+pools' free blocks up to the block source's 2 MiB), and each global allocator keeps its own.
+`trim_all` gives proxalloc's back and then asks the global allocator to return free memory to
+the OS: glibc's malloc_trim, or over mimalloc its mi_collect (proxalloc::set_system_trim), in
+every row over that allocator, its own included.";
 
 /// User + system CPU seconds of process `pid` ("self" for this one), from /proc.
 fn cpu_seconds(pid: &str) -> f64 {

@@ -185,6 +185,19 @@ unsafe impl GlobalAlloc for NoJemalloc {
     }
 }
 
+/// Gives proxalloc the call that returns `kind`'s free memory to the OS, for its trims
+/// (`proxalloc::set_system_trim`): mimalloc's `mi_collect`. glibc's `malloc_trim` is
+/// proxalloc's own default; jemalloc's purge is left to its own schedule here.
+pub fn install_system_trim(kind: Kind) {
+    if kind == Kind::Mimalloc {
+        proxalloc::set_system_trim(Some(|| {
+            // SAFETY: `mi_collect` has no preconditions (mimalloc is the global allocator
+            // here, and its calls are thread-safe).
+            unsafe { libmimalloc_sys::mi_collect(true) }
+        }));
+    }
+}
+
 /// Makes sure this process runs under `want`: if it does not (the variable was not set
 /// before it started), runs the program again in this process with [`ENV`] set. Exits
 /// with a message where this build has no `want`.

@@ -467,6 +467,42 @@ fn request_memory_back() {
     ASKED.fetch_add(1, sync::Ordering::Relaxed);
     #[cfg(all(test, not(proxalloc_loom)))]
     OS_RELEASES.with(|n| n.set(n.get() + 1));
+    // Copied out: the hook runs with no lock held (it may allocate, or set a new hook).
+    let hook = *SYSTEM_TRIM.lock().unwrap_or_else(|e| e.into_inner());
+    match hook {
+        Some(trim) => run_system_trim(trim),
+        None => glibc_trim(),
+    }
+}
+
+/// What a request calls instead of glibc's `malloc_trim` (see [`set_system_trim`]).
+static SYSTEM_TRIM: sync::process::Mutex<Option<fn()>> = sync::process::Mutex::new(None);
+
+/// Replaces what a request for memory back calls (see `proxalloc::set_system_trim`).
+pub(crate) fn set_system_trim(trim: Option<fn()>) {
+    *SYSTEM_TRIM.lock().unwrap_or_else(|e| e.into_inner()) = trim;
+}
+
+std::thread_local! {
+    /// Whether this thread is inside a system trim hook: a request the hook itself makes
+    /// (through a trim of proxalloc's) is counted and calls nothing, rather than recurse.
+    static IN_SYSTEM_TRIM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs the user's hook once, not from within itself, and contains its panic: it runs
+/// inside a trim or an allocator's drop, which must finish.
+fn run_system_trim(trim: fn()) {
+    if IN_SYSTEM_TRIM.with(|inside| inside.replace(true)) {
+        return;
+    }
+    if let Err(payload) = catch_unwind(trim) {
+        discard_panic(payload);
+    }
+    IN_SYSTEM_TRIM.with(|inside| inside.set(false));
+}
+
+/// glibc's `malloc_trim(0)`, where glibc is the C allocator (elsewhere nothing).
+fn glibc_trim() {
     #[cfg(all(
         target_os = "linux",
         target_env = "gnu",
