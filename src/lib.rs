@@ -170,15 +170,21 @@ pub fn trim_idle() -> usize {
 /// Sets what proxalloc calls when it asks the global allocator for its free memory back
 /// ([`stats::system_trims`] says when: every [`trim_all`], other trims once it has given
 /// the global allocator 1 MiB since the last request). `None`, the default, is glibc's
-/// `malloc_trim(0)` on Linux with glibc and nothing elsewhere; a program that installs
-/// another global allocator sets that allocator's own call (mimalloc's `mi_collect`,
-/// jemalloc's `arena.<i>.purge`), so that what proxalloc gives back leaves the process
-/// whatever allocator is underneath. (glibc's `malloc_trim` still matters there for what
-/// C libraries allocate: call it from the hook too if so.)
+/// `malloc_trim(0)` on Linux with glibc and nothing elsewhere, which does nothing for
+/// memory that went to another global allocator: a program that installs one sets that
+/// allocator's own call, such as jemalloc's `arena.<i>.purge` (every arena's free pages
+/// back to the OS; not its thread caches) or mimalloc's `mi_collect(true)` (the calling
+/// thread's heap, and the free memory of mimalloc's arenas, but not pages that other
+/// threads' heaps hold: those go back on mimalloc's own purge schedule). glibc's
+/// `malloc_trim` still matters there for what C libraries allocate: call it from the
+/// hook too if so. docs/tuning.md has both calls.
 ///
 /// The hook runs on the thread that trims (or drops an allocator), with no lock of
-/// proxalloc held, so it may allocate; a request it makes itself (a trim inside the
-/// hook) is counted and calls nothing; a panic in it is caught and discarded.
+/// proxalloc held, so it may allocate; several threads may run it at once, and a request
+/// that began before `set_system_trim` returned may still call the previous hook. A
+/// request the hook makes itself (a trim inside it) is skipped, not counted, its bytes
+/// kept for the next request; a hook must not wait for a trim on another thread, which
+/// would call it again. A panic in it is caught and discarded.
 ///
 /// ```
 /// use std::sync::atomic::{AtomicUsize, Ordering};

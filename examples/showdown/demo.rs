@@ -670,8 +670,9 @@ a few worker threads per core shows little difference; one with many threads, id
 above all, shows it). Memory: proxalloc keeps what its caches hold (the dump's reserved bytes; the
 pools' free blocks up to the block source's 2 MiB), and each global allocator keeps its own.
 `trim_all` gives proxalloc's back and then asks the global allocator to return free memory to
-the OS: glibc's malloc_trim, or over mimalloc its mi_collect (proxalloc::set_system_trim), in
-every row over that allocator, its own included.";
+the OS: glibc's malloc_trim, or over mimalloc its mi_collect (proxalloc::set_system_trim: the
+trimming thread's heap and mimalloc's free arena memory), in every row over that allocator, its
+own included; jemalloc's rows leave its purge to its own schedule.";
 
 /// User + system CPU seconds of process `pid` ("self" for this one), from /proc.
 fn cpu_seconds(pid: &str) -> f64 {

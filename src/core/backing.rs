@@ -426,11 +426,8 @@ pub(crate) fn gave_to_system(bytes: usize) {
 pub(crate) fn release_to_os() {
     use sync::Ordering::Relaxed;
     let past_threshold = |given| (given >= ASK_THRESHOLD).then_some(0);
-    if GIVEN_SINCE_ASKED
-        .fetch_update(Relaxed, Relaxed, past_threshold)
-        .is_ok()
-    {
-        request_memory_back();
+    if let Ok(given) = GIVEN_SINCE_ASKED.fetch_update(Relaxed, Relaxed, past_threshold) {
+        request_or_keep(given);
     }
 }
 
@@ -448,31 +445,56 @@ pub(crate) fn release_dropped_to_os(bytes: usize) {
 /// Asks the C allocator to return free memory to the OS if proxalloc gave it anything since
 /// it last asked (see [`release_to_os`] for the threshold that other trims keep).
 pub(crate) fn release_any_to_os() {
-    use sync::Ordering::Relaxed;
-    if GIVEN_SINCE_ASKED.swap(0, Relaxed) > 0 {
-        request_memory_back();
+    let given = GIVEN_SINCE_ASKED.swap(0, sync::Ordering::Relaxed);
+    if given > 0 {
+        request_or_keep(given);
     }
 }
 
 /// glibc's `malloc_trim(0)` (elsewhere nothing), whatever was given since the last
 /// request: the system allocator's free memory back to the OS.
 pub(crate) fn ask_os_for_memory_back() {
-    GIVEN_SINCE_ASKED.store(0, sync::Ordering::Relaxed);
-    request_memory_back();
+    request_or_keep(GIVEN_SINCE_ASKED.swap(0, sync::Ordering::Relaxed));
 }
 
-/// The request itself, its count zeroed by the caller before it (what is given while it
-/// runs may be too late for it, and counts towards the next).
-fn request_memory_back() {
+/// Makes the request for the `given` bytes the caller took from the count (zeroed before
+/// the request: what is given while it runs may be too late for it, and counts towards
+/// the next), or puts them back if the request is skipped (see [`request_memory_back`]).
+fn request_or_keep(given: u64) {
+    if !request_memory_back() {
+        GIVEN_SINCE_ASKED.fetch_add(given, sync::Ordering::Relaxed);
+    }
+}
+
+/// The request itself: the user's hook (see [`set_system_trim`]) or glibc's
+/// `malloc_trim`. False, with nothing counted or called, for a request the hook makes
+/// from within itself (a trim inside the hook), rather than recurse, and for one on a
+/// thread whose thread-locals are gone (no way to tell it from such a one).
+fn request_memory_back() -> bool {
+    // Copied out: the hook runs with no lock held (it may allocate, or set a new hook).
+    let hook = *SYSTEM_TRIM.lock().unwrap_or_else(|e| e.into_inner());
+    let inside = match hook {
+        Some(_) => match InsideHook::enter() {
+            Some(inside) => Some(inside),
+            None => return false,
+        },
+        None => None,
+    };
     ASKED.fetch_add(1, sync::Ordering::Relaxed);
     #[cfg(all(test, not(proxalloc_loom)))]
     OS_RELEASES.with(|n| n.set(n.get() + 1));
-    // Copied out: the hook runs with no lock held (it may allocate, or set a new hook).
-    let hook = *SYSTEM_TRIM.lock().unwrap_or_else(|e| e.into_inner());
     match hook {
-        Some(trim) => run_system_trim(trim),
+        // A panic in it is contained: it runs inside a trim or an allocator's drop, which
+        // must finish.
+        Some(trim) => {
+            if let Err(payload) = catch_unwind(trim) {
+                discard_panic(payload);
+            }
+        }
         None => glibc_trim(),
     }
+    drop(inside);
+    true
 }
 
 /// What a request calls instead of glibc's `malloc_trim` (see [`set_system_trim`]).
@@ -484,21 +506,28 @@ pub(crate) fn set_system_trim(trim: Option<fn()>) {
 }
 
 std::thread_local! {
-    /// Whether this thread is inside a system trim hook: a request the hook itself makes
-    /// (through a trim of proxalloc's) is counted and calls nothing, rather than recurse.
+    /// Whether this thread is inside the user's system trim hook.
     static IN_SYSTEM_TRIM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Runs the user's hook once, not from within itself, and contains its panic: it runs
-/// inside a trim or an allocator's drop, which must finish.
-fn run_system_trim(trim: fn()) {
-    if IN_SYSTEM_TRIM.with(|inside| inside.replace(true)) {
-        return;
+/// This thread inside the user's hook, until dropped (even by a panic that
+/// [`discard_panic`] could not contain).
+struct InsideHook;
+
+impl InsideHook {
+    /// `None` if this thread is inside the hook already, or its thread-locals are gone.
+    fn enter() -> Option<InsideHook> {
+        match IN_SYSTEM_TRIM.try_with(|inside| inside.replace(true)) {
+            Ok(false) => Some(InsideHook),
+            Ok(true) | Err(_) => None,
+        }
     }
-    if let Err(payload) = catch_unwind(trim) {
-        discard_panic(payload);
+}
+
+impl Drop for InsideHook {
+    fn drop(&mut self) {
+        let _ = IN_SYSTEM_TRIM.try_with(|inside| inside.set(false));
     }
-    IN_SYSTEM_TRIM.with(|inside| inside.set(false));
 }
 
 /// glibc's `malloc_trim(0)`, where glibc is the C allocator (elsewhere nothing).

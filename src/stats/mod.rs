@@ -71,7 +71,7 @@ pub struct SystemTrims {
     /// Requests made so far: each calls the hook set with
     /// [`set_system_trim`](crate::set_system_trim), or by default glibc's
     /// `malloc_trim(0)` on Linux with glibc (elsewhere the request is counted and nothing
-    /// is called). [`trim_all`](crate::trim_all) makes one
+    /// is called). A request the hook itself would make is skipped and not counted. [`trim_all`](crate::trim_all) makes one
     /// every time, and one more before its trims if `given_since` is not 0; the other
     /// trims make one once `given_since` reaches 1 MiB; an allocator's or a block
     /// source's drop, only when it releases 1 MiB itself (the last handle of an
