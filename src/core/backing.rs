@@ -451,8 +451,8 @@ pub(crate) fn release_any_to_os() {
     }
 }
 
-/// glibc's `malloc_trim(0)` (elsewhere nothing), whatever was given since the last
-/// request: the system allocator's free memory back to the OS.
+/// The request (the user's hook, or glibc's `malloc_trim(0)`), whatever was given since
+/// the last: the global allocator's free memory back to the OS.
 pub(crate) fn ask_os_for_memory_back() {
     request_or_keep(GIVEN_SINCE_ASKED.swap(0, sync::Ordering::Relaxed));
 }
@@ -468,8 +468,8 @@ fn request_or_keep(given: u64) {
 
 /// The request itself: the user's hook (see [`set_system_trim`]) or glibc's
 /// `malloc_trim`. False, with nothing counted or called, for a request the hook makes
-/// from within itself (a trim inside the hook), rather than recurse, and for one on a
-/// thread whose thread-locals are gone (no way to tell it from such a one).
+/// from within itself (a trim inside the hook), rather than recurse, and for one with a
+/// hook on a thread whose thread-locals are gone (where that cannot be told).
 fn request_memory_back() -> bool {
     // Copied out: the hook runs with no lock held (it may allocate, or set a new hook).
     let hook = *SYSTEM_TRIM.lock().unwrap_or_else(|e| e.into_inner());
