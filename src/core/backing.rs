@@ -473,12 +473,14 @@ fn request_or_keep(given: u64) {
 fn request_memory_back() -> bool {
     // Copied out: the hook runs with no lock held (it may allocate, or set a new hook).
     let hook = *SYSTEM_TRIM.lock().unwrap_or_else(|e| e.into_inner());
-    let inside = match hook {
-        Some(_) => match InsideHook::enter() {
-            Some(inside) => Some(inside),
-            None => return false,
-        },
-        None => None,
+    // Held until the hook has returned (or unwound).
+    let _inside = if hook.is_some() {
+        let Some(inside) = InsideHook::enter() else {
+            return false;
+        };
+        Some(inside)
+    } else {
+        None
     };
     ASKED.fetch_add(1, sync::Ordering::Relaxed);
     #[cfg(all(test, not(proxalloc_loom)))]
@@ -493,7 +495,6 @@ fn request_memory_back() -> bool {
         }
         None => glibc_trim(),
     }
-    drop(inside);
     true
 }
 
